@@ -1,0 +1,43 @@
+# The README's two commands: `make quickstart` and `make test`. Both include set-up.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch 2.13.0 has a CPU build on these machines' local disk; elsewhere pip takes it from PyPI.
+TORCH_CPU ?= torch==2.13.0
+export KUBETUNE_HOME ?= $(CURDIR)/.kubetune-home
+
+.PHONY: setup test-deps quickstart test bench clean
+
+$(BIN)/kubetune: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@# Without a GPU, install the CPU build of torch first so the torch range does not pull CUDA wheels.
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  echo "setup: no GPU found, installing the CPU build of torch"; \
+	  $(BIN)/python -m pip install -q "$(TORCH_CPU)" || $(BIN)/python -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $@
+
+setup: $(BIN)/kubetune
+
+# System packages the tests use: Debian's OCI registry (docker-registry), run on 127.0.0.1 by a fixture.
+test-deps:
+	@if ! command -v docker-registry >/dev/null 2>&1 && [ ! -x /usr/bin/docker-registry ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "test-deps: installing docker-registry (Debian package)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker-registry >/dev/null; \
+	fi
+
+quickstart: setup
+	$(BIN)/python examples/quickstart.py
+
+test: setup test-deps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .kubetune-home

@@ -1,0 +1,64 @@
+"""The error tree: every mistake a user can make ends in one of these.
+
+The CLI prints ``str(error)`` (message plus hint) and exits with code 2, without a traceback unless
+``--debug`` is given. Bugs are not KubetuneErrors and keep their traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KubetuneError",
+    "SpecError",
+    "DataError",
+    "SourceError",
+    "BackendError",
+    "TrainError",
+    "JobNotFound",
+]
+
+
+class KubetuneError(Exception):
+    """Base of all user-facing errors.
+
+    Args:
+        message: what went wrong, naming the field, ``file:line`` or URI.
+        hint: what to do about it (optional, printed on its own line).
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class SpecError(KubetuneError):
+    """The job spec is invalid: unknown keys, wrong types, contradictions."""
+
+    def __init__(self, message: str, *, hint: str | None = None, problems: list[str] | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.problems = problems or [message]
+
+
+class DataError(KubetuneError):
+    """A dataset cannot be read or does not match any supported format."""
+
+
+class SourceError(KubetuneError):
+    """A model/dataset/output URI cannot be fetched or written."""
+
+
+class BackendError(KubetuneError):
+    """A backend (local processes, Kubernetes, KFP) failed to run or follow a job."""
+
+
+class JobNotFound(BackendError):
+    """No job with the given id or run directory exists."""
+
+
+class TrainError(KubetuneError):
+    """Training failed for a reason the user can act on (out of memory, NaN loss, ...)."""
