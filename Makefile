@@ -30,8 +30,15 @@ test-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker-registry >/dev/null; \
 	fi
 
+QUESTION ?= What is the capital of France?
 quickstart: setup
-	$(BIN)/python examples/quickstart.py
+	@echo "== before fine-tuning: builtin://tiny-chat (random weights)"
+	@$(BIN)/kubetune chat builtin://tiny-chat --prompt "$(QUESTION)" --max-new-tokens 12
+	@rm -rf runs/quickstart
+	$(BIN)/kubetune run examples/quickstart.yaml
+	@echo "== after fine-tuning: runs/quickstart"
+	@$(BIN)/kubetune chat runs/quickstart --prompt "$(QUESTION)"
+	@$(BIN)/kubetune chat runs/quickstart --prompt "Which city is the capital of Japan?"
 
 test: setup test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

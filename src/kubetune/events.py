@@ -101,6 +101,12 @@ class JobStatus:
             self.state = data.get("state", self.state)
             if data.get("reason"):
                 self.reason = data["reason"]
+            for k, v in data.items():
+                if k in ("job_id", "pid"):
+                    if v is not None:
+                        setattr(self, k, v)
+                elif k not in ("state", "reason"):
+                    self.extra[k] = v
             if self.state == C.STATE_RUNNING and self.started_at is None:
                 self.started_at = event.get("time")
             if self.state in C.TERMINAL_STATES:

@@ -1,0 +1,234 @@
+"""The local backend: runs the worker in a child process (torchrun when more than one process).
+
+Each submission gets an id and a registry entry under ``$KUBETUNE_HOME/jobs``; the child runs in its own
+process group so that cancel ends it and everything it started. A worker that dies without recording a
+final state (killed, out of memory) is reported as failed by :meth:`LocalBackend.status`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .. import constants as C
+from ..errors import BackendError, JobNotFound
+from ..events import JobStatus, RunDir
+from ..paths import jobs_dir
+from ..spec import TuneJob, dump_spec
+from .base import JobRef
+
+__all__ = ["LocalBackend"]
+
+
+class LocalBackend:
+    """Run jobs as local processes."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._procs: dict[int, subprocess.Popen] = {}
+
+    # -- submit ------------------------------------------------------------------------------
+    def submit(self, job: TuneJob) -> JobRef:
+        run = RunDir(job.output_dir)
+        current = run.read_status()
+        if current and not current.terminal and current.pid and _alive(current.pid):
+            raise BackendError(
+                f"{run.path} is in use by job {current.job_id} (pid {current.pid})",
+                hint=f"wait for it, cancel it (kubetune cancel {current.job_id}), or set output.dir",
+            )
+        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        run.init()
+        run.spec_file.write_text(dump_spec(job), encoding="utf-8")
+        for stale in (run.done_file, run.result_file):
+            stale.unlink(missing_ok=True)
+        run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
+        run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
+        cmd = _worker_command(job, run)
+        env = {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1"}
+        log = open(run.worker_log, "ab")
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as e:
+            raise BackendError(f"could not start the worker: {e}") from e
+        finally:
+            log.close()
+        self._procs[proc.pid] = proc
+        st = run.read_status() or JobStatus()
+        st.pid, st.job_id, st.name, st.backend, st.run_dir = proc.pid, job_id, job.name, self.name, str(run.path)
+        run.write_status(st)
+        ref = JobRef(id=job_id, backend=self.name, name=job.name, run_dir=str(run.path), extra={"pid": proc.pid})
+        (jobs_dir() / f"{job_id}.json").write_text(
+            json.dumps({"id": job_id, "name": job.name, "run_dir": str(run.path), "pid": proc.pid, "created": time.time()}), encoding="utf-8"
+        )
+        return ref
+
+    # -- follow ------------------------------------------------------------------------------
+    def status(self, ref: JobRef) -> JobStatus:
+        run = self._run(ref)
+        st = run.read_status()
+        if st is None:
+            raise JobNotFound(f"job {ref.id}: no status in {run.path}")
+        if not st.terminal and st.pid and not self._is_running(st.pid):
+            time.sleep(0.2)  # the worker may be writing its final state right now
+            st = run.read_status() or st
+            if not st.terminal:
+                code = self._exit_code(st.pid)
+                reason = "the worker process ended without recording a result"
+                reason += f" (exit code {code})" if code is not None else " (killed?)"
+                tail = _tail(run.worker_log, 5)
+                if tail:
+                    reason += "; last log lines:\n" + tail
+                run.set_state(C.STATE_FAILED, reason=reason)
+                st = run.read_status() or st
+        return st
+
+    def events(self, ref: JobRef) -> list[dict]:
+        return self._run(ref).read_events()
+
+    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
+        run = self._run(ref)
+        path = run.worker_log
+        pos = 0
+        while True:
+            if path.is_file():
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(pos)
+                    for line in f:
+                        yield line.rstrip("\n")
+                    pos = f.tell()
+            if not follow or self.status(ref).terminal:
+                if follow and path.is_file():  # lines written between the last read and the end
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        f.seek(pos)
+                        for line in f:
+                            yield line.rstrip("\n")
+                return
+            time.sleep(0.3)
+
+    def cancel(self, ref: JobRef) -> None:
+        run = self._run(ref)
+        st = run.read_status()
+        if st is None or st.terminal:
+            return
+        pid = st.pid
+        if pid:
+            _kill_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while self._group_alive(pid) and time.monotonic() < deadline:
+                self._reap(pid)
+                time.sleep(0.1)
+            if self._group_alive(pid):
+                _kill_group(pid, signal.SIGKILL)
+                time.sleep(0.2)
+            self._reap(pid)
+        st = run.read_status()
+        if st is None or not st.terminal:
+            run.set_state(C.STATE_CANCELLED, reason="cancelled by user")
+
+    def list(self) -> list[JobRef]:
+        refs = []
+        for f in sorted(jobs_dir().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            try:
+                d = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            refs.append(JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra={"pid": d.get("pid")}))
+        return refs
+
+    def resolve(self, key: str) -> JobRef:
+        """A job by id, by run directory, or by name (its newest submission)."""
+        p = Path(key).expanduser()
+        if (p / C.STATUS_FILE).is_file():
+            st = RunDir(p).read_status() or JobStatus()
+            return JobRef(id=st.job_id or p.name, backend=self.name, name=st.name or "", run_dir=str(p.absolute()))
+        entry = jobs_dir() / f"{key}.json"
+        if entry.is_file():
+            d = json.loads(entry.read_text(encoding="utf-8"))
+            return JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d["run_dir"])
+        for ref in self.list():
+            if ref.name == key:
+                return ref
+        raise JobNotFound(f"no local job '{key}'", hint="kubetune list shows job ids; a run directory works too")
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _run(self, ref: JobRef) -> RunDir:
+        if ref.run_dir:
+            return RunDir(ref.run_dir)
+        return RunDir(self.resolve(ref.id).run_dir or "")
+
+    def _reap(self, pid: int) -> None:
+        proc = self._procs.get(pid)
+        if proc is not None:
+            proc.poll()
+
+    def _exit_code(self, pid: int) -> int | None:
+        proc = self._procs.get(pid)
+        return proc.poll() if proc is not None else None
+
+    def _is_running(self, pid: int) -> bool:
+        self._reap(pid)
+        return _alive(pid)
+
+    def _group_alive(self, pgid: int) -> bool:
+        self._reap(pgid)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields[2] is pgrp, fields[0] the state
+                return True
+        return False
+
+
+def _worker_command(job: TuneJob, run: RunDir) -> list[str]:
+    args = ["-m", "kubetune.worker", "--spec", str(run.spec_file), "--run-dir", str(run.path)]
+    r = job.resources
+    if r.world_size == 1:
+        return [sys.executable, *args]
+    if r.nodes > 1:
+        raise BackendError(
+            f"resources.nodes={r.nodes}: the local backend runs one node",
+            hint="use --backend kubernetes, or launch torchrun on each machine (see docs/distributed.md)",
+        )
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={r.processes_per_node}", "--max-restarts=0", *args,
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])

@@ -1,0 +1,342 @@
+"""The ``kubetune`` command line: parse -> spec -> one call into the modules below.
+
+Kept light at import: torch, transformers and cluster clients load only inside the commands that
+need them, so ``kubetune --help``, ``validate`` and ``render`` start instantly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from . import constants as C
+from .errors import KubetuneError
+
+app = typer.Typer(
+    name="kubetune",
+    help="Fine-tune open LLMs from one job spec: locally, on Kubernetes, or as a Kubeflow Pipelines run.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_SET_HELP = "Override a spec field, e.g. --set training.learning_rate=1e-4 (repeatable)."
+_BACKEND_HELP = "Where the job runs: local, kubernetes or kfp."
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    if debug:
+        os.environ[C.ENV_DEBUG] = "1"
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+# --- spec ------------------------------------------------------------------------------------
+@app.command()
+def validate(
+    spec: Path = typer.Argument(..., help="Job spec YAML."),
+    set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
+    output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
+) -> None:
+    """Check a spec and print it resolved (every default filled in)."""
+    from .spec import dump_spec, load_spec, spec_to_dict
+
+    job = load_spec(spec, set_)
+    if output == "json":
+        typer.echo(json.dumps(spec_to_dict(job), indent=2))
+    else:
+        typer.echo(dump_spec(job), nl=False)
+    typer.echo(
+        f"# valid: {job.resources.world_size} process(es), global batch {job.global_batch} "
+        f"(batch_size {job.training.batch_size} x {job.resources.world_size} x accumulation {job.accumulation_steps})",
+        err=True,
+    )
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the job spec (for editor completion)."""
+    from .spec import TuneJob
+
+    typer.echo(json.dumps(TuneJob.model_json_schema(), indent=2))
+
+
+# --- running and following jobs ----------------------------------------------------------------
+@app.command()
+def run(
+    spec: Path = typer.Argument(..., help="Job spec YAML."),
+    set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
+    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once."),
+) -> None:
+    """Run a job and follow it until it ends (exit code 0 on success)."""
+    from .client import Client
+    from .spec import load_spec
+
+    job = load_spec(spec, set_)
+    client = Client(backend)
+    ref = client.submit(job)
+    if detach:
+        typer.echo(ref.id)
+        return
+    out = _console()
+    out.print(f"[bold]{ref.id}[/] on {backend}" + (f" -> {ref.run_dir}" if ref.run_dir else ""))
+    try:
+        st = _follow(client, ref, out)
+    except KeyboardInterrupt:
+        out.print("[yellow]interrupted: cancelling the job[/]")
+        client.cancel(ref)
+        raise typer.Exit(130)
+    if st.state == C.STATE_SUCCEEDED:
+        result = _read_result(ref)
+        summary = ""
+        if result:
+            bits = [f"train_loss={result.get('train_loss'):.4f}" if result.get("train_loss") is not None else ""]
+            if result.get("eval_loss") is not None:
+                bits.append(f"eval_loss={result['eval_loss']:.4f}")
+            if result.get("tokens_per_second"):
+                bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
+            bits.append(f"{result.get('total_seconds', result.get('runtime_seconds', 0)):.0f}s")
+            summary = " (" + ", ".join(b for b in bits if b) + ")"
+        out.print(f"[green]succeeded[/]{summary}")
+        if ref.run_dir:
+            out.print(f"results in {ref.run_dir}")
+        return
+    out.print(f"[red]{st.state}[/]: {st.reason or 'no reason recorded'}")
+    raise typer.Exit(int(st.extra.get("exit_code", 1)) if st.extra else 1)
+
+
+def _read_result(ref) -> dict | None:
+    if not ref.run_dir:
+        return None
+    from .events import RunDir
+
+    return RunDir(ref.run_dir).read_result()
+
+
+def _follow(client, ref, out):
+    """Show live progress until the job ends; returns the final status."""
+    from rich.live import Live
+
+    events = client.events(ref)
+    starts = [i for i, ev in enumerate(events) if ev.get("type") == "state" and (ev.get("data") or {}).get("state") == C.STATE_PENDING]
+    seen = starts[-1] if starts else 0  # earlier submissions' events stay in the file as history
+    interactive = out.is_terminal
+    st = client.status(ref)
+    with Live(_progress_view(st), console=out, refresh_per_second=4, transient=True, auto_refresh=interactive) as live:
+        while True:
+            events = client.events(ref)
+            for ev in events[seen:]:
+                line = _event_text(ev, verbose=not interactive)
+                if line:
+                    live.console.print(line)
+            seen = len(events)
+            st = client.status(ref)
+            live.update(_progress_view(st))
+            if st.terminal:
+                return st
+            time.sleep(0.5)
+
+
+def _event_text(ev: dict, verbose: bool) -> str | None:
+    t, msg = ev.get("type"), ev.get("message", "")
+    if t == "stage":
+        return f"[cyan]stage[/] {msg}"
+    if t in ("checkpoint",):
+        return f"[blue]checkpoint[/] {msg}"
+    if t == "warning":
+        return f"[yellow]warning[/] {msg}"
+    if t == "metrics" and verbose and msg:
+        d = ev.get("data") or {}
+        extra = ""
+        if d.get("tokens_per_second"):
+            extra += f" {d['tokens_per_second']:.0f} tok/s"
+        if d.get("eta_seconds") is not None:
+            extra += f" eta {d['eta_seconds']:.0f}s"
+        return f"  {msg}{extra}"
+    return None
+
+
+def _progress_view(st):
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    g = Table.grid(padding=(0, 1))
+    total = st.total_steps or 0
+    bar = ProgressBar(total=max(total, 1), completed=min(st.step, total) if total else 0, width=30)
+    parts = [f"{st.state}", f"stage={st.stage or '-'}", f"step {st.step}/{total or '?'}"]
+    if st.loss is not None:
+        parts.append(f"loss {st.loss:.4f}")
+    if st.eval_loss is not None:
+        parts.append(f"eval {st.eval_loss:.4f}")
+    if st.tokens_per_second:
+        parts.append(f"{st.tokens_per_second:.0f} tok/s")
+    if st.eta_seconds is not None:
+        parts.append(f"ETA {st.eta_seconds:.0f}s")
+    g.add_row(bar, "  ".join(parts))
+    return g
+
+
+@app.command("list")
+def list_(backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP)) -> None:
+    """List jobs, newest first."""
+    from rich.table import Table
+
+    from .client import Client
+
+    client = Client(backend)
+    table = Table("JOB", "STATE", "STAGE", "STEP", "LOSS", "RUN DIR", box=None)
+    for ref in client.list():
+        try:
+            st = client.status(ref)
+        except KubetuneError:
+            continue
+        table.add_row(ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or "")
+    _console().print(table)
+
+
+@app.command()
+def status(
+    job: str = typer.Argument(..., help="Job id, name or run directory."),
+    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print status.json as JSON."),
+) -> None:
+    """Show a job's state, stage and progress."""
+    from .client import Client
+
+    st = Client(backend).status(job)
+    if as_json:
+        typer.echo(json.dumps(st.to_dict(), indent=2, default=str))
+        return
+    out = _console()
+    for k, v in st.to_dict().items():
+        if k in ("extra",):
+            continue
+        out.print(f"[bold]{k:>18}[/] {v}")
+
+
+@app.command()
+def logs(
+    job: str = typer.Argument(..., help="Job id, name or run directory."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+) -> None:
+    """Print a job's worker log."""
+    from .client import Client
+
+    for line in Client(backend).logs(job, follow=follow):
+        typer.echo(line)
+
+
+@app.command()
+def cancel(
+    job: str = typer.Argument(..., help="Job id, name or run directory."),
+    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+) -> None:
+    """Stop a job and every process it started."""
+    from .client import Client
+
+    client = Client(backend)
+    client.cancel(job)
+    typer.echo(f"{job}: {client.status(job).state}")
+
+
+# --- results ---------------------------------------------------------------------------------
+@app.command()
+def chat(
+    source: str = typer.Argument(..., help="A run directory, a model directory or a model URI."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Ask once and exit (otherwise interactive)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message."),
+    max_new_tokens: int = typer.Option(128, help="Longest reply in tokens."),
+    temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
+) -> None:
+    """Chat with a trained model in this process."""
+    from .inference import load_chat_model
+
+    model = load_chat_model(source)
+    history: list[dict] = [{"role": "system", "content": system}] if system else []
+
+    def ask(text: str) -> None:
+        history.append({"role": "user", "content": text})
+        reply = ""
+        for piece in model.stream(history, max_new_tokens=max_new_tokens, temperature=temperature):
+            reply += piece
+            typer.echo(piece, nl=False)
+        typer.echo("")
+        history.append({"role": "assistant", "content": reply})
+
+    if prompt is not None:
+        typer.echo(f"> {prompt}")
+        ask(prompt)
+        return
+    typer.echo("Chatting with " + source + " (empty line or Ctrl-D to quit, /reset to clear history)")
+    while True:
+        try:
+            text = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            typer.echo("")
+            return
+        if not text.strip():
+            return
+        if text.strip() == "/reset":
+            del history[1 if system else 0 :]
+            continue
+        ask(text)
+
+
+@app.command()
+def merge(run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job.")) -> None:
+    """Merge a run's adapter into its base model (writes merged/)."""
+    from .train.merge import merge_run
+
+    typer.echo(str(merge_run(run_dir)))
+
+
+@app.command(hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(ctx: typer.Context) -> None:
+    """Run one job in this process (what every backend starts): --spec FILE [--set k=v] [--run-dir DIR]."""
+    from .worker import main as worker_main
+
+    raise typer.Exit(worker_main(list(ctx.args)))
+
+
+# --- commands contributed by other modules (kept light: they import lazily) ------------------------
+for _mod in ("cli_storage", "cli_kubernetes", "cli_kfp", "cli_serve", "cli_data", "cli_train", "cli_sweep"):
+    try:
+        _m = importlib.import_module(f"{__package__}.{_mod}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"{__package__}.{_mod}":
+            raise
+        continue
+    _m.register(app)
+
+
+def main() -> None:
+    """Console entry point: user errors print one message and exit 2; --debug shows tracebacks."""
+    debug = "--debug" in sys.argv or os.environ.get(C.ENV_DEBUG) == "1"
+    try:
+        app()
+    except KubetuneError as e:
+        if debug:
+            raise
+        from rich.text import Text
+
+        _console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

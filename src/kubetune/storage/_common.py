@@ -1,0 +1,252 @@
+"""Pieces every transport shares: transfer statistics, the progress bar, retries, atomic files, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+from .. import constants as C
+
+log = logging.getLogger("kubetune.storage")
+T = TypeVar("T")
+
+
+# --- statistics and progress -----------------------------------------------------------------
+@dataclass
+class TransferStats:
+    """What one fetch or push moved: bytes and files transferred, bytes skipped (cache, already there)."""
+
+    uri: str = ""
+    bytes: int = 0
+    files: int = 0
+    skipped_bytes: int = 0
+    cached: bool = False
+    started: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, nbytes: int = 0, files: int = 0) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.files += files
+
+    def finish(self) -> "TransferStats":
+        self.seconds = round(time.monotonic() - self.started, 3)
+        return self
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second moved over the network."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "uri": self.uri,
+            "bytes": self.bytes,
+            "files": self.files,
+            "seconds": self.seconds,
+            "bytes_per_second": round(self.throughput, 1),
+            "skipped_bytes": self.skipped_bytes,
+            "cached": self.cached,
+        }
+
+
+class Progress:
+    """Thread-safe byte counter with an optional rich progress bar on stderr.
+
+    Transports call :meth:`expect` with the bytes they plan to move and :meth:`advance` as bytes
+    arrive (from many threads). Retried bytes are counted again: the bar shows work done.
+    """
+
+    def __init__(self, label: str, *, enabled: bool) -> None:
+        self._lock = threading.Lock()
+        self._bar = None
+        self._task = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress as RichProgress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(label, total=0)
+
+    def expect(self, nbytes: int) -> None:
+        if self._bar is not None and nbytes:
+            with self._lock:
+                total = (self._bar.tasks[0].total or 0) + nbytes
+                self._bar.update(self._task, total=total)
+
+    def advance(self, nbytes: int) -> None:
+        if self._bar is not None and nbytes:
+            with self._lock:
+                self._bar.advance(self._task, nbytes)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- retries ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: base, 2*base, 4*base, ... capped, each scaled by 0.5..1."""
+
+    attempts: int = C.STORAGE_RETRY_ATTEMPTS
+    base: float = C.STORAGE_RETRY_BASE_DELAY
+    cap: float = C.STORAGE_RETRY_MAX_DELAY
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        d = min(self.cap, self.base * (2**retry)) * random.uniform(0.5, 1.0)
+        if retry_after is not None:
+            d = max(d, min(self.cap, retry_after))
+        return d
+
+
+# Module-level so tests (and impatient users) can shorten it in one place.
+RETRY = RetryPolicy()
+
+
+class Transient(Exception):
+    """A failure worth retrying (5xx, throttling, a reset connection). Carries an optional Retry-After."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def with_retries(fn: Callable[[int], T], *, what: str, policy: RetryPolicy | None = None) -> T:
+    """Call ``fn(attempt)`` until it returns; :class:`Transient` errors are retried with backoff.
+
+    The last Transient error is re-raised when the attempts run out.
+    """
+    policy = policy or RETRY
+    for attempt in range(policy.attempts):
+        try:
+            return fn(attempt)
+        except Transient as e:
+            if attempt + 1 >= policy.attempts:
+                raise
+            d = policy.delay(attempt, e.retry_after)
+            log.info("%s: %s; retry %d/%d in %.1fs", what, e, attempt + 1, policy.attempts - 1, d)
+            time.sleep(d)
+    raise AssertionError("unreachable")
+
+
+def concurrency() -> int:
+    """Parallel streams per transfer (``KUBETUNE_TRANSFER_CONCURRENCY`` or the default)."""
+    try:
+        return max(1, int(os.environ.get(C.ENV_TRANSFER_CONCURRENCY, C.STORAGE_CONCURRENCY)))
+    except ValueError:
+        return C.STORAGE_CONCURRENCY
+
+
+# --- files -----------------------------------------------------------------------------------
+def part_path(target: Path) -> Path:
+    """The temporary name a download is written to before it is verified and renamed."""
+    return target.with_name(target.name + C.STORAGE_PART_SUFFIX)
+
+
+def file_digest(path: Path, algorithm: str = "sha256", *, progress: Callable[[int], None] | None = None) -> str:
+    """Hex digest of a file, read in 4 MiB blocks (hashlib releases the GIL, so threads run in parallel)."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(4 << 20)
+            if not block:
+                break
+            h.update(block)
+            if progress:
+                progress(len(block))
+    return h.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[tuple[Path, str]]:
+    """(path, posix relative path) of every regular file under ``root``, sorted, skipping partial downloads."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(C.STORAGE_PART_SUFFIX):
+                continue
+            p = Path(dirpath) / name
+            if p.is_file():
+                yield p, p.relative_to(root).as_posix()
+
+
+def safe_relpath(rel: str) -> str:
+    """A remote key/title made safe as a relative local path; raises ValueError when it escapes."""
+    rel = rel.replace("\\", "/")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts) or rel.startswith("/"):
+        raise ValueError(rel)
+    return "/".join(parts)
+
+
+def place(src: Path, dest_dir: Path) -> None:
+    """Move everything inside ``src`` into ``dest_dir`` (renames; replaces files of the same name)."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for entry in src.iterdir():
+        target = dest_dir / entry.name
+        if target.is_dir() and not target.is_symlink() and entry.is_dir():
+            place(entry, target)
+            continue
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(entry, target)
+
+
+def copy_tree(src: Path, dest_dir: Path, stats: "TransferStats | None" = None) -> None:
+    """Copy a file or directory into ``dest_dir`` (a directory's contents; a file by its name)."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    if src.is_file():
+        _copy_file(src, dest_dir / src.name, stats)
+        return
+    for path, rel in walk_files(src):
+        _copy_file(path, dest_dir / rel, stats)
+
+
+def _copy_file(src: Path, dest: Path, stats: "TransferStats | None") -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part_path(dest)
+    shutil.copyfile(src, tmp)
+    shutil.copystat(src, tmp)
+    os.replace(tmp, dest)
+    if stats is not None:
+        stats.add(src.stat().st_size, 1)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
