@@ -679,9 +679,10 @@ def load_spec(source: str | os.PathLike | dict, overrides: list[str] | None = No
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
+            mark, ctx = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
             where = f"{path}:{mark.line + 1}" if mark else str(path)
-            raise SpecError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+            context = f" ({e.context} at line {ctx.line + 1})" if ctx is not None and getattr(e, "context", None) else ""
+            raise SpecError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}{context}") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
