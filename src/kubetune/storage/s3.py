@@ -289,6 +289,8 @@ def download(listing: Listing, loc: Location, target_dir: Path, stats: TransferS
             )
         log.warning("%s: %d file(s) failed the integrity check; downloading them again", loc.safe, len(bad))
         todo = bad
+    for o in listing.objects:  # leftovers of a killed run next to files that are complete now
+        part_path(target_dir / o.rel).unlink(missing_ok=True)
     return target_dir / listing.objects[0].rel if listing.single else target_dir
 
 
@@ -325,8 +327,8 @@ def _download_batch(bucket: str, objects: list[S3Object], target_dir: Path, loc:
                         return  # reported below, from the transfer future
                     verifications.append(verify_pool.submit(verify, o, part, local))
 
-                extra = {"IfMatch": f'"{o.etag}"'} if o.etag else {}
-                futures.append(tm.download(bucket, o.key, str(part), extra_args=extra,
+                # A version that changed since the listing fails the ETag check and is fetched again.
+                futures.append(tm.download(bucket, o.key, str(part),
                                            subscribers=[_subscriber(progress, stats, o.size, done)]))
             for f in futures:
                 f.result()
