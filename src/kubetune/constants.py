@@ -123,3 +123,22 @@ ENV_AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 ENV_KUBEFLOW_STATUS_URL = "KUBEFLOW_TRAINER_STATUS_URL"  # Kubeflow Trainer progress endpoint (KEP-2779), when enabled
 ENV_KUBEFLOW_STATUS_CA = "KUBEFLOW_TRAINER_STATUS_CA_CERT"
 ENV_KUBEFLOW_STATUS_TOKEN = "KUBEFLOW_TRAINER_STATUS_TOKEN"
+
+# --- sweeps ---
+SWEEP_FILE = "sweep.json"  # in the sweep directory: plan, trials, their job refs and results (written atomically)
+SWEEP_LOCK_FILE = ".lock"  # in the sweep directory: flock held by the one process running the sweep
+SWEEP_TRIALS_DIR = "trials"  # in the sweep directory: one run directory per trial
+SWEEP_LOG = "sweep.log"  # in the sweep directory: output of a detached sweep (kubetune sweep --detach)
+SWEEP_RESULTS_CSV = "results.csv"  # reports written into the sweep directory when a sweep ends
+SWEEP_RESULTS_JSON = "results.json"
+SWEEP_PLOT = "loss.png"  # loss curves of all trials (needs matplotlib: the sweep extra)
+SWEEP_REPORT = "report.html"  # table + plot in one self-contained page
+SWEEP_REGISTRY_DIR = "sweeps"  # under the kubetune home: <sweep id>.json -> sweep directory
+SWEEP_CORES_PER_TRIAL = 4  # default local CPU parallelism: one trial per this many cores
+SWEEP_CLUSTER_PARALLEL = 4  # default trials at once on kubernetes/kfp (the cluster's queue does the rest)
+SWEEP_POLL_SECONDS = 1.0  # how often a running sweep looks at its trials
+TRIAL_PRUNED = "pruned"  # sweep-level trial state: stopped early by the median rule (not rerun)
+TRIAL_INTERRUPTED = "interrupted"  # sweep-level trial state: the sweep stopped before the trial ended (rerun resumes it)
+ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads of one local trial (cores shared between parallel trials)
+ENV_MKL_NUM_THREADS = "MKL_NUM_THREADS"
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the accelerators one local trial may use (honoured by ROCm too)
