@@ -54,7 +54,7 @@ def _local(**kw):
 
 
 # name -> factory; backends register here (imports stay lazy).
-BACKENDS = {"local": _local}
+BACKENDS = {"local": _local, "kubernetes": lambda **kw: __import__("kubetune.backends.kubernetes.backend", fromlist=["_"]).KubernetesBackend(**kw)}
 
 
 def get_backend(name: str, **kwargs) -> Backend:

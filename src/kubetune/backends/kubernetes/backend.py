@@ -1,0 +1,441 @@
+"""The Kubernetes backend: submit rendered objects, follow them through labels and pod logs, cancel them.
+
+A job on the cluster is found by its labels (``kubetune.io/job``, ``app.kubernetes.io/managed-by``); its
+progress is rebuilt from the ``KUBETUNE_EVENT`` lines the rank-0 worker prints; its state comes from the
+workload's conditions, and a stuck or failed job's reason from its pods (:mod:`.diagnose`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ... import constants as C
+from ...errors import BackendError, JobNotFound
+from ...events import JobStatus, parse_event_line, status_from_events
+from ...spec import TuneJob
+from ..base import JobRef
+from . import api as A
+from .diagnose import diagnose, rank0_pod, trainer_progress, workload_state
+from .render import WORKLOAD_KINDS, render
+from .staging import stage_inputs
+
+__all__ = ["KubernetesBackend"]
+
+_TIMEOUT = 30  # seconds per API call (log streams excepted)
+_EVENTS_TTL = 1.0  # seconds the parsed events of one job are reused (status and events poll together)
+_CORE = {  # kind -> (API group accessor, method suffix, RBAC resource)
+    "ConfigMap": ("core", "config_map", "configmaps"),
+    "Service": ("core", "service", "services"),
+    "PersistentVolumeClaim": ("core", "persistent_volume_claim", "persistentvolumeclaims"),
+    "Pod": ("core", "pod", "pods"),
+    "Job": ("batch", "job", "jobs"),
+}
+_KIND_FLAVOR = {kind: flavor for flavor, (_, kind, _) in WORKLOAD_KINDS.items()}
+
+
+class KubernetesBackend:
+    """Run jobs on a Kubernetes cluster.
+
+    Args:
+        namespace: where jobs go and are looked up (default: ``kubernetes.namespace``, else the kubeconfig
+            context's namespace, else ``default``).
+        context: the kubeconfig context (default: the current one).
+        kubeconfig: a kubeconfig file (default: ``$KUBECONFIG`` or ``~/.kube/config``; in a pod, in-cluster).
+        flavor: force a flavour for submissions (default: the spec's ``kubernetes.flavor``).
+        push: the upload function for staging local inputs (default: :func:`kubetune.storage.push`).
+        cache_seconds: how long one read of the worker's log serves ``status`` and ``events`` (a follower
+            polls both; this halves the log traffic).
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        context: str | None = None,
+        kubeconfig: str | None = None,
+        *,
+        flavor: str | None = None,
+        push: Callable[..., dict] | None = None,
+        cache_seconds: float = _EVENTS_TTL,
+    ) -> None:
+        self._namespace = namespace
+        self._context = context
+        self._kubeconfig = kubeconfig
+        self._flavor = flavor
+        self._push = push
+        self._cache_seconds = cache_seconds
+        self._cluster: A.Cluster | None = None
+        self._cancelled: set[tuple[str, str]] = set()
+        self._events_cache: dict[tuple[str, str], tuple[float, list[dict], list[dict]]] = {}
+
+    # --- the protocol ------------------------------------------------------------------------
+    def submit(self, job: TuneJob) -> JobRef:
+        """Stage local inputs, then create the job's objects; returns at once.
+
+        Raises:
+            SpecError: the spec cannot run on a cluster as written.
+            BackendError: staging or an API call failed (the message says what to do).
+        """
+        flavor = self._flavor or job.kubernetes.flavor
+        run_id = f"{job.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+        render(job, flavor)  # spec errors before any upload or API call
+        stage_inputs(job, push=self._push)
+        ns = self._namespace or job.kubernetes.namespace or self.cluster.namespace
+        objects = render(job, flavor, run_id=run_id, namespace=ns)
+        workload = objects[-1]
+        pvcs = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+        dependents = [o for o in objects[:-1] if o["kind"] != "PersistentVolumeClaim"]
+        for pvc in pvcs:  # outlives the job on purpose (results, resume); an existing one is reused
+            try:
+                self._create(pvc, ns)
+            except BackendError as e:
+                if "already exists" not in e.message:
+                    raise
+        created = self._create(workload, ns)
+        owner = {
+            "apiVersion": workload["apiVersion"],
+            "kind": workload["kind"],
+            "name": workload["metadata"]["name"],
+            "uid": created["metadata"]["uid"],
+        }
+        try:
+            for obj in dependents:  # owned by the workload: deleted with it (TTL, cancel)
+                obj["metadata"]["ownerReferences"] = [owner]
+                self._create_or_replace(obj, ns)
+        except BackendError:
+            self._delete(workload["kind"], workload["metadata"]["name"], ns, missing_ok=True)
+            raise
+        return JobRef(id=job.name, backend=self.name, name=job.name, extra={"namespace": ns, "flavor": flavor, "run_id": run_id})
+
+    def status(self, ref: JobRef | str) -> JobStatus:
+        """State from the workload's conditions, progress from the worker's events, reason from the pods."""
+        ref = self._ref(ref)
+        ns, flavor = ref.extra["namespace"], ref.extra["flavor"]
+        try:
+            obj = self._get_workload(ref)
+        except JobNotFound:
+            if (ns, ref.id) in self._cancelled:
+                return JobStatus(state=C.STATE_CANCELLED, reason="cancelled", job_id=ref.id, name=ref.name, backend=self.name)
+            raise self._not_found(ref.id, ns) from None
+        state, reason = workload_state(obj, flavor)
+        events, pods = self._events_and_pods(ref)
+        st = status_from_events(events)
+        worker_reason = st.reason if st.state == C.STATE_FAILED else None
+        st.state = state
+        st.job_id, st.name, st.backend = ref.id, ref.name or ref.id, self.name
+        st.created_at = _epoch(obj["metadata"].get("creationTimestamp"))
+        progress = trainer_progress(obj)
+        if st.loss is None and "loss" in progress:
+            st.loss = progress["loss"]
+        if st.eta_seconds is None and "eta_seconds" in progress:
+            st.eta_seconds = progress["eta_seconds"]
+        st.extra = {"namespace": ns, "flavor": flavor, "pods": {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}}
+        if "progress_percentage" in progress:
+            st.extra["progress_percentage"] = progress["progress_percentage"]
+        if state != C.STATE_SUCCEEDED and state != C.STATE_CANCELLED:
+            found = diagnose(pods, main_container=C.K8S_MAIN_CONTAINER[flavor], logs_tail=lambda p, c: self._tail(p, c, ns), queue=_queue(obj))
+            if state == C.STATE_FAILED:
+                st.reason = worker_reason or found or reason or "failed"
+                code = _exit_code(rank0_pod(pods), C.K8S_MAIN_CONTAINER[flavor])
+                if code is not None:
+                    st.extra["exit_code"] = code
+            else:
+                st.reason = found or reason
+        elif state == C.STATE_CANCELLED:
+            st.reason = reason
+        return st
+
+    def events(self, ref: JobRef | str) -> list[dict]:
+        """The worker's events, parsed from the rank-0 pod's log."""
+        return self._events_and_pods(self._ref(ref))[0]
+
+    def logs(self, ref: JobRef | str, follow: bool = False) -> Iterator[str]:
+        """The rank-0 pod's log: its init containers' (prefixed ``[name]``) then the worker's.
+
+        With ``follow``, waits for the worker to start and streams until it ends.
+        """
+        ref = self._ref(ref)
+        return self._follow_logs(ref) if follow else iter(self._all_logs(ref))
+
+    def cancel(self, ref: JobRef | str) -> None:
+        """Mark the workload cancelled, then delete it with its pods, ConfigMap and Service (a PVC stays)."""
+        ref = self._ref(ref)
+        ns, flavor = ref.extra["namespace"], ref.extra["flavor"]
+        kind = WORKLOAD_KINDS[flavor][1]
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            self._patch(kind, ref.id, ns, {"metadata": {"annotations": {C.ANNOTATION_CANCELLED: stamp}}})
+        except JobNotFound:
+            raise self._not_found(ref.id, ns) from None
+        self._delete(kind, ref.id, ns, missing_ok=True)
+        self._delete("ConfigMap", f"{ref.id}-spec", ns, missing_ok=True)
+        if flavor == "job":
+            self._delete("Service", ref.id, ns, missing_ok=True)
+        self._cancelled.add((ns, ref.id))
+        self._events_cache.pop((ns, ref.id), None)
+
+    def list(self) -> list[JobRef]:
+        """kubetune's jobs in the namespace, newest first (kinds whose CRD is not installed are skipped)."""
+        ns = self.namespace
+        found = []
+        for obj in self._workloads(ns, f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY_VALUE}"):
+            found.append(obj)
+        found.sort(key=lambda o: o["metadata"].get("creationTimestamp") or "", reverse=True)
+        return [self._ref_of(o, ns) for o in found]
+
+    def resolve(self, job_id: str) -> JobRef:
+        """The JobRef of a job name (``flavor/name`` picks a flavour when one name has several)."""
+        ns = self.namespace
+        flavor, _, name = job_id.rpartition("/")
+        objs = [o for o in self._workloads(ns, f"{C.LABEL_JOB}={name}") if not flavor or _KIND_FLAVOR[o["kind"]] == flavor]
+        objs = [o for o in objs if o["metadata"]["name"] == name]
+        if not objs:
+            if (ns, name) in self._cancelled:
+                return JobRef(id=name, backend=self.name, name=name, extra={"namespace": ns, "flavor": flavor or "job"})
+            raise self._not_found(name, ns)
+        newest = max(objs, key=lambda o: o["metadata"].get("creationTimestamp") or "")
+        return self._ref_of(newest, ns)
+
+    def download(self, job_id: str, dest: str | Path) -> Path:
+        """Bring a finished job's outputs to ``dest`` from its ``output.uri``.
+
+        Raises:
+            BackendError: the job has no output.uri (outputs on a PVC: see docs/kubernetes.md).
+        """
+        import yaml
+
+        ref = self._ref(job_id)
+        ns = ref.extra["namespace"]
+        with A.api_call(self.cluster, "get", "configmaps", namespace=ns, name=f"{ref.id}-spec", kind="ConfigMap"):
+            cm = self.cluster.to_dict(self.cluster.core().read_namespaced_config_map(f"{ref.id}-spec", ns, _request_timeout=_TIMEOUT))
+        spec = yaml.safe_load(cm["data"][C.K8S_SPEC_KEY])
+        uri = (spec.get("output") or {}).get("uri")
+        if not uri:
+            ws = (spec.get("kubernetes") or {}).get("workspace") or {}
+            claim = ws.get("claim_name") or f"{ref.id}-workspace"
+            raise BackendError(
+                f"job {ref.id} has no output.uri: its results stayed in the pod's workspace"
+                + (f" (PVC {claim}, under output/)" if ws.get("volume") == "pvc" else " (an emptyDir, gone with the pod)"),
+                hint="set output.uri: s3://... or oci://... so the worker publishes results; for a PVC, copy them with "
+                "a pod that mounts it (docs/kubernetes.md, 'Getting results back')",
+            )
+        from ...storage import fetch
+
+        return Path(fetch(uri, dest, use_cache=False))
+
+    # --- connection --------------------------------------------------------------------------
+    @property
+    def cluster(self) -> A.Cluster:
+        if self._cluster is None:
+            self._cluster = A.connect(context=self._context, kubeconfig=self._kubeconfig)
+        return self._cluster
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace or self.cluster.namespace
+
+    # --- objects -----------------------------------------------------------------------------
+    def _api(self, kind: str, verb: str):
+        """(callable, leading args, RBAC resource) of ``verb`` on ``kind``."""
+        if kind in _CORE:
+            group, suffix, resource = _CORE[kind]
+            api = self.cluster.core() if group == "core" else self.cluster.batch()
+            return getattr(api, f"{verb}_namespaced_{suffix}"), (), resource
+        flavor = _KIND_FLAVOR[kind]
+        api_version, _, plural = WORKLOAD_KINDS[flavor]
+        group, version = api_version.split("/")
+        custom_verb = {"read": "get"}.get(verb, verb)
+        return getattr(self.cluster.custom(), f"{custom_verb}_namespaced_custom_object"), (group, version), plural
+
+    def _create(self, obj: dict, ns: str) -> dict:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        fn, lead, resource = self._api(kind, "create")
+        args = (*lead, ns, resource, obj) if lead else (ns, obj)
+        with A.api_call(self.cluster, "create", resource, namespace=ns, name=name, kind=kind):
+            return self.cluster.to_dict(fn(*args, _request_timeout=_TIMEOUT))
+
+    def _create_or_replace(self, obj: dict, ns: str) -> None:
+        try:
+            self._create(obj, ns)
+        except BackendError as e:
+            if "already exists" not in e.message:
+                raise
+            self._delete(obj["kind"], obj["metadata"]["name"], ns, missing_ok=True)  # left over from an earlier run
+            self._create(obj, ns)
+
+    def _get(self, kind: str, name: str, ns: str) -> dict:
+        fn, lead, resource = self._api(kind, "read")
+        args = (*lead, ns, resource, name) if lead else (name, ns)
+        with A.api_call(self.cluster, "get", resource, namespace=ns, name=name, kind=kind):
+            return self.cluster.to_dict(fn(*args, _request_timeout=_TIMEOUT))
+
+    def _list(self, kind: str, ns: str, selector: str) -> list[dict]:
+        fn, lead, resource = self._api(kind, "list")
+        args = (*lead, ns, resource) if lead else (ns,)
+        with A.api_call(self.cluster, "list", resource, namespace=ns, kind=kind):
+            result = self.cluster.to_dict(fn(*args, label_selector=selector, _request_timeout=_TIMEOUT))
+        items = result.get("items") or []
+        for item in items:  # typed lists omit kind/apiVersion on items
+            item.setdefault("kind", kind)
+        return items
+
+    def _patch(self, kind: str, name: str, ns: str, body: dict) -> None:
+        fn, lead, resource = self._api(kind, "patch")
+        args = (*lead, ns, resource, name, body) if lead else (name, ns, body)
+        with A.api_call(self.cluster, "patch", resource, namespace=ns, name=name, kind=kind):
+            fn(*args, _request_timeout=_TIMEOUT)
+
+    def _delete(self, kind: str, name: str, ns: str, *, missing_ok: bool = False) -> None:
+        fn, lead, resource = self._api(kind, "delete")
+        args = (*lead, ns, resource, name) if lead else (name, ns)
+        try:
+            with A.api_call(self.cluster, "delete", resource, namespace=ns, name=name, kind=kind):
+                fn(*args, propagation_policy="Background", _request_timeout=_TIMEOUT)
+        except JobNotFound:
+            if not missing_ok:
+                raise
+
+    def _workloads(self, ns: str, selector: str) -> list[dict]:
+        out = []
+        for flavor, (_, kind, _) in WORKLOAD_KINDS.items():
+            try:
+                out += self._list(kind, ns, selector)
+            except JobNotFound:
+                continue  # this operator's CRD is not installed
+            except BackendError as e:
+                if flavor != "job" and "forbidden" in e.message:
+                    continue  # no RBAC on an operator's kind we may not use
+                raise
+        return out
+
+    def _get_workload(self, ref: JobRef) -> dict:
+        return self._get(WORKLOAD_KINDS[ref.extra["flavor"]][1], ref.id, ref.extra["namespace"])
+
+    def _ref(self, ref: JobRef | str) -> JobRef:
+        if isinstance(ref, JobRef) and "namespace" in ref.extra and "flavor" in ref.extra:
+            return ref
+        return self.resolve(ref.id if isinstance(ref, JobRef) else str(ref))
+
+    def _ref_of(self, obj: dict, ns: str) -> JobRef:
+        md = obj["metadata"]
+        labels = md.get("labels") or {}
+        extra = {"namespace": md.get("namespace") or ns, "flavor": _KIND_FLAVOR[obj["kind"]]}
+        if labels.get(C.LABEL_RUN_ID):
+            extra["run_id"] = labels[C.LABEL_RUN_ID]
+        return JobRef(id=md["name"], backend=self.name, name=labels.get(C.LABEL_JOB, md["name"]), extra=extra)
+
+    def _not_found(self, name: str, ns: str) -> JobNotFound:
+        return JobNotFound(
+            f"no kubetune job '{name}' in namespace '{ns}'",
+            hint="it was cancelled, removed after kubernetes.ttl_seconds_after_finished, or runs in another namespace (--namespace)",
+        )
+
+    # --- pods, logs and events ---------------------------------------------------------------
+    def _pods(self, ref: JobRef) -> list[dict]:
+        return self._list("Pod", ref.extra["namespace"], f"{C.LABEL_JOB}={ref.id},{C.LABEL_FLAVOR}={ref.extra['flavor']}")
+
+    def _read_log(self, pod: str, container: str, ns: str, *, tail: int | None = None) -> str:
+        kwargs: dict[str, Any] = {"container": container, "_request_timeout": _TIMEOUT}
+        if tail:
+            kwargs["tail_lines"] = tail
+        try:
+            with A.api_call(self.cluster, "get", "pods/log", namespace=ns, name=pod, kind="Pod"):
+                return self.cluster.core().read_namespaced_pod_log(pod, ns, **kwargs) or ""
+        except BackendError as e:
+            if "not found" in e.message or "400" in e.message:
+                return ""  # not started yet, or already gone
+            raise
+
+    def _tail(self, pod: str, container: str, ns: str) -> list[str]:
+        return self._read_log(pod, container, ns, tail=50).splitlines()
+
+    def _events_and_pods(self, ref: JobRef) -> tuple[list[dict], list[dict]]:
+        key = (ref.extra["namespace"], ref.id)
+        cached = self._events_cache.get(key)
+        if cached and time.monotonic() - cached[0] < self._cache_seconds:
+            return cached[1], cached[2]
+        pods = self._pods(ref)
+        pod = rank0_pod(pods)
+        events: list[dict] = []
+        if pod is not None and _started(pod, C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]):
+            text = self._read_log(pod["metadata"]["name"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]], ref.extra["namespace"])
+            events = [ev for ev in map(parse_event_line, text.splitlines()) if ev is not None]
+        self._events_cache[key] = (time.monotonic(), events, pods)
+        return events, pods
+
+    def _all_logs(self, ref: JobRef) -> list[str]:
+        ns, main = ref.extra["namespace"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]
+        pod = rank0_pod(self._pods(ref))
+        if pod is None:
+            return []
+        lines: list[str] = []
+        name = pod["metadata"]["name"]
+        for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if _started(pod, cs["name"]):
+                lines += [f"[{cs['name']}] {line}" for line in self._read_log(name, cs["name"], ns).splitlines()]
+        if _started(pod, main):
+            lines += self._read_log(name, main, ns).splitlines()
+        return lines
+
+    def _follow_logs(self, ref: JobRef, poll: float = 1.0) -> Iterator[str]:
+        ns, main = ref.extra["namespace"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]
+        while True:  # wait for the worker container to start, or the job to end without it
+            pod = rank0_pod(self._pods(ref))
+            if pod is not None and _started(pod, main):
+                break
+            state, _ = workload_state(self._get_workload(ref), ref.extra["flavor"])
+            if state in C.TERMINAL_STATES:
+                yield from self._all_logs(ref)
+                return
+            time.sleep(poll)
+        with A.api_call(self.cluster, "get", "pods/log", namespace=ns, name=pod["metadata"]["name"], kind="Pod"):
+            resp = self.cluster.core().read_namespaced_pod_log(pod["metadata"]["name"], ns, container=main, follow=True, _preload_content=False)
+        try:
+            buf = b""
+            for chunk in resp.stream(4096):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if buf:
+                yield buf.decode("utf-8", "replace")
+        finally:
+            resp.release_conn()
+
+
+def _started(pod: dict, container: str) -> bool:
+    st = pod.get("status") or {}
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        if cs.get("name") == container:
+            state = cs.get("state") or {}
+            return bool(state.get("running") or state.get("terminated") or cs.get("lastState", {}).get("terminated"))
+    return False
+
+
+def _exit_code(pod: dict | None, container: str) -> int | None:
+    if pod is None:
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container:
+            t = (cs.get("state") or {}).get("terminated") or {}
+            return t.get("exitCode")
+    return None
+
+
+def _queue(obj: dict) -> str | None:
+    return (obj.get("metadata", {}).get("labels") or {}).get(C.LABEL_KUEUE_QUEUE)
+
+
+def _epoch(ts: Any) -> float | None:
+    if not ts:
+        return None
+    if isinstance(ts, datetime):
+        return ts.timestamp()
+    try:
+        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
