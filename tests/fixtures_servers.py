@@ -227,7 +227,7 @@ class FileServer:
     """A threaded static file server. ``faults`` is a list consumed one item per request:
 
     ``"500"``/``"503"``/``"429"`` answer that status; ``"reset"`` resets the connection before answering;
-    ``("cut", n)`` sends headers and n bytes of the body, then resets; ``"norange"`` ignores Range.
+    ``("cut", n)`` sends headers and n bytes of the body, then closes; ``"norange"`` ignores Range.
     """
 
     root: Path
@@ -326,7 +326,7 @@ def _make_file_handler(state: FileServer):
                 self.wfile.write(body[: fault[1]])
                 self.wfile.flush()
                 self.close_connection = True
-                _reset(self.connection)
+                self.connection.shutdown(socket.SHUT_WR)  # a clean close mid-body: exactly n bytes arrive
                 return
             self.wfile.write(body)
 
@@ -355,7 +355,8 @@ class FaultProxy:
 
     ``fail(n, kind, when)`` makes the next ``n`` requests matching ``when(method, path)`` fail: ``"500"``
     (an S3-style InternalError), ``"503"`` (SlowDown, throttling), ``"reset"`` (connection reset before
-    any answer) or ``"cut"`` (the real answer's headers and half its body, then a reset). Everything else
+    any answer), ``"cut"`` (the real answer's headers and half its body, then a reset) or ``"slow"`` (forwarded
+    after ``slow_seconds``). Everything else
     is forwarded unchanged, Host header included (so registries build their Location URLs through us).
     """
 
@@ -368,6 +369,7 @@ class FaultProxy:
         self.rules: list[list] = []  # [remaining, kind, when]
         self.seen: list[tuple[str, str]] = []
         self.injected: list[tuple[str, str, str]] = []
+        self.slow_seconds = 1.0
         self.lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self._server.daemon_threads = True
@@ -421,6 +423,8 @@ class FaultProxy:
                     self.close_connection = True
                     _reset(self.connection)
                     return
+                if kind == "slow":
+                    time.sleep(proxy.slow_seconds)
                 if kind in ("500", "503"):
                     code = "InternalError" if kind == "500" else "SlowDown"
                     payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'

@@ -200,7 +200,7 @@ def _split(loc: Location) -> tuple[str, str]:
         c = oras.container.Container(loc.path, registry=loc.host)
     except ValueError as e:
         raise SourceError(f"{loc.safe}: not a valid image reference ({e})") from None
-    repo = f"{c.namespace or ''}{c.repository}".strip("/")
+    repo = "/".join(p.strip("/") for p in (c.namespace or "", c.repository) if p and p.strip("/"))
     return repo, c.digest or c.tag
 
 

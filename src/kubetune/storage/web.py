@@ -25,7 +25,6 @@ __all__ = ["Remote", "probe", "download", "stream_to_file", "client"]
 
 _CONNECT_ATTEMPTS = 3  # a refused connection is rarely transient: fail fast with a clear message
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -198,7 +197,7 @@ def stream_to_file(
                 if progress and i == 0:
                     progress.expect(known["size"] or 0)
                 with open(part, mode) as f:
-                    for block in r.iter_bytes(_CHUNK):
+                    for block in r.iter_bytes():  # as it arrives: a drop keeps every byte received
                         f.write(block)
                         if stats:
                             stats.add(len(block))
