@@ -50,18 +50,22 @@ def validate(
     spec: Path = typer.Argument(..., help="Job spec YAML."),
     set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
+    sources: bool = typer.Option(True, "--sources/--no-sources", help="Note after each YAML value where it came from (spec, preset NAME, default)."),
 ) -> None:
-    """Check a spec and print it resolved (every default filled in)."""
+    """Check a spec and print it resolved: every effective value, and where it came from."""
+    from .presets import explain_spec
     from .spec import dump_spec, load_spec, spec_to_dict
 
     job = load_spec(spec, set_)
     if output == "json":
         typer.echo(json.dumps(spec_to_dict(job), indent=2))
     else:
-        typer.echo(dump_spec(job), nl=False)
+        typer.echo(explain_spec(job) if sources else dump_spec(job), nl=False)
+    t = job.training
+    steps = f"{t.max_steps} (training.max_steps)" if t.max_steps else f"{t.epochs:g} epochs x ceil(samples / {job.global_batch}), known once the data is prepared"
     typer.echo(
         f"# valid: {job.resources.world_size} process(es), global batch {job.global_batch} "
-        f"(batch_size {job.training.batch_size} x {job.resources.world_size} x accumulation {job.accumulation_steps})",
+        f"(batch_size {t.batch_size} x {job.resources.world_size} x accumulation {job.accumulation_steps}); total steps: {steps}",
         err=True,
     )
 

@@ -9,6 +9,7 @@ for unknown keys, the closest valid key.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -120,28 +121,51 @@ class DatasetSpec(_Section):
 
 
 # --- method ----------------------------------------------------------------------------------
+# Fields marked "(preset)" start from the method's preset (src/kubetune/presets/<method.type>.yaml), not
+# from the schema default shown here; whatever the spec sets wins, field by field.
 class LoraSpec(_Section):
     """LoRA adapter settings (used by lora, qlora and dora)."""
 
-    r: int = Field(16, ge=1, le=4096, description="Adapter rank.")
-    alpha: float = Field(32, gt=0, description="Scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rslora).")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
-    target_modules: Union[Literal["all-linear"], list[str]] = Field(
-        "all-linear", description="Modules that get adapters: all-linear, or a list of module names."
+    r: int = Field(16, ge=1, le=4096, description="Adapter rank (preset).")
+    alpha: float = Field(32, gt=0, description="Scaling numerator: scale = alpha / r, or alpha / sqrt(r) with use_rslora (preset).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input (preset).")
+    target_modules: Union[Literal["all-linear", "attention", "mlp"], list[str]] = Field(
+        "all-linear",
+        description="Modules that get adapters: all-linear (every linear layer but the output head), attention or mlp "
+        "(per-architecture presets), or a list of module names (preset).",
     )
-    use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling.")
-    modules_to_save: list[str] = Field(default_factory=list, description="Modules trained fully and saved with the adapter.")
+    use_rslora: bool = Field(False, description="Rank-stabilised LoRA: scale alpha / sqrt(r), steadier at high ranks (preset).")
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained fully and saved inside the adapter, e.g. [embed_tokens] for new tokens. "
+        "Makes the adapter much bigger and not loadable as a LoRA adapter by vLLM (serve merged/ instead).",
+    )
     bias: Literal["none", "all", "lora_only"] = Field("none", description="Which biases are trained.")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or not all(isinstance(m, str) and m.strip() for m in v)):
+            raise ValueError("give all-linear, attention, mlp or a non-empty list of module names")
+        return v
 
 
 class MethodSpec(_Section):
     """How the model is adapted."""
 
-    type: Literal["full", "lora", "qlora", "dora"] = Field("lora", description="full fine-tune, LoRA, QLoRA (4-bit base) or DoRA.")
+    type: Literal["full", "lora", "qlora", "dora"] = Field(
+        "lora",
+        description="full fine-tune, LoRA, QLoRA (4-bit NF4 base via bitsandbytes) or DoRA; picks the preset that "
+        "fills the fields marked (preset).",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings (ignored for full).")
 
 
 # --- training --------------------------------------------------------------------------------
+# Integrations transformers' Trainer knows by name (training.report_to); each needs its own package.
+REPORT_TO = ("tensorboard", "mlflow", "wandb", "comet_ml", "clearml", "dvclive", "neptune", "aim", "swanlab", "trackio", "codecarbon", "azure_ml", "dagshub", "flyte")
+
+
 class TrainingSpec(_Section):
     """Hyperparameters and the training loop."""
 
@@ -154,25 +178,49 @@ class TrainingSpec(_Section):
     global_batch_size: int | None = Field(
         None, ge=1, description="Sequences per optimizer step over all processes; accumulation is derived from it."
     )
-    learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate.")
+    learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate (preset).")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"] = Field(
-        "cosine", description="Learning-rate schedule."
+        "cosine", description="Learning-rate schedule (preset)."
     )
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps spent warming up.")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps spent warming up (preset).")
     warmup_steps: int = Field(0, ge=0, description="Warm-up steps (wins over warmup_ratio when > 0).")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping (0 disables).")
-    optimizer: str = Field("adamw_torch", description="Optimizer name as transformers knows it (adamw_torch, adamw_8bit, ...).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay (preset).")
+    max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping (0 disables) (preset).")
+    optimizer: str = Field(
+        "adamw_torch", description="Optimizer name as transformers knows it: adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, ... (preset)."
+    )
     seed: int = Field(42, ge=0, description="Seed for data order, splits and initialisation.")
     max_seq_length: int = Field(1024, ge=8, description="Longest sequence in tokens.")
     packing: bool = Field(False, description="Pack several rows per sequence (no attention across rows).")
     logging_steps: int = Field(1, ge=1, description="Emit metrics every N optimizer steps.")
-    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N steps (default: at the end of each epoch).")
-    save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps (default: at the end of each epoch).")
-    save_total_limit: int | None = Field(2, ge=1, description="Keep the newest K checkpoints.")
-    gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")
-    resume: str = Field("auto", description="auto: continue from the newest complete checkpoint; never; or a checkpoint path.")
-    report_to: list[str] = Field(default_factory=list, description="Trainer integrations: tensorboard, mlflow, ...")
+    eval_steps: int | None = Field(
+        None, ge=1, description="Evaluate every N steps (default: whenever a checkpoint is saved); always at the end too."
+    )
+    save_steps: int | None = Field(
+        None, ge=1, description="Checkpoint every N steps (default: once per epoch); the last step is always saved."
+    )
+    save_total_limit: int | None = Field(
+        2, ge=1, description="Keep the newest K complete checkpoints (plus the best one by eval loss); null keeps all."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less memory, about 30% slower (preset).")
+    resume: str = Field(
+        "auto",
+        description="auto: continue from the newest complete checkpoint in output.dir (restoring optimizer, scheduler, "
+        "RNG and data position); never: start over; or the path of a checkpoint directory.",
+    )
+    report_to: list[Literal[REPORT_TO]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        description="Trainer integrations to log to, e.g. [tensorboard] (files under logs/tensorboard) or [mlflow]; "
+        "install them with pip install 'kubetune[tracking]'.",
+    )
+
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("must be auto, never or the path of a checkpoint directory")
+        return v
 
     @model_validator(mode="after")
     def _accumulation(self) -> "TrainingSpec":
@@ -646,6 +694,23 @@ class TuneJob(_Section):
         return v
 
     @model_validator(mode="after")
+    def _apply_method_preset(self) -> "TuneJob":
+        """Fill every method.lora / training field that the spec leaves unset from the method's preset."""
+        from .presets import preset_values
+
+        for path, value in preset_values(self.method.type).items():
+            section_path, _, name = path.rpartition(".")
+            section: Any = self
+            for part in section_path.split("."):
+                section = getattr(section, part)
+            if name in section.model_fields_set:
+                continue  # the spec said so: it wins
+            setattr(section, name, value)
+            # Still unset by the spec, so that changing method.type later applies the new preset.
+            section.model_fields_set.discard(name)
+        return self
+
+    @model_validator(mode="after")
     def _cross_checks(self) -> "TuneJob":
         t, r = self.training, self.resources
         if t.global_batch_size is not None:
@@ -675,6 +740,38 @@ class TuneJob(_Section):
     def global_batch(self) -> int:
         """Sequences per optimizer step over all processes."""
         return self.training.batch_size * self.resources.world_size * self.accumulation_steps
+
+    def steps_per_epoch(self, samples: int) -> int:
+        """Optimizer steps in one pass over ``samples`` training sequences: ceil(samples / global batch)."""
+        return max(1, math.ceil(samples / self.global_batch))
+
+    def planned_steps(self, samples: int) -> int:
+        """Optimizer steps the run takes: training.max_steps, else ceil(epochs x ceil(samples / global batch))."""
+        if self.training.max_steps:
+            return self.training.max_steps
+        return max(1, math.ceil(self.training.epochs * self.steps_per_epoch(samples)))
+
+    def field_sources(self) -> dict[str, str]:
+        """Where each effective value came from, by dotted path: ``spec``, ``preset NAME`` or ``default``."""
+        from .presets import preset_values
+
+        out: dict[str, str] = {}
+        preset, preset_paths = f"preset {self.method.type}", preset_values(self.method.type)
+
+        def walk(model: BaseModel, prefix: str) -> None:
+            for name in type(model).model_fields:
+                value, path = getattr(model, name), prefix + name
+                if isinstance(value, BaseModel):
+                    walk(value, path + ".")
+                elif name in model.model_fields_set:
+                    out[path] = "spec"
+                elif path in preset_paths:
+                    out[path] = preset
+                else:
+                    out[path] = "default"
+
+        walk(self, "")
+        return out
 
     @property
     def output_dir(self) -> Path:

@@ -1,0 +1,55 @@
+"""Training commands of the CLI: ``kubetune presets``.
+
+Registered by :mod:`kubetune.cli`; imports stay light (YAML only) so ``kubetune --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def presets(
+    name: Optional[str] = typer.Argument(None, help="Show one preset in full (lora, qlora, dora, full)."),
+) -> None:
+    """List the method presets: the defaults each method.type starts from (a spec overrides them field by field)."""
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    from .errors import SpecError
+    from .presets import architectures, load_preset, preset_names, preset_values
+
+    if name is not None:
+        if name not in preset_names():
+            raise SpecError(f"no preset '{name}'", hint="available: " + ", ".join(preset_names()))
+        typer.echo(yaml.safe_dump(load_preset(name), sort_keys=False), nl=False)
+        return
+    names = preset_names()
+    values = {n: preset_values(n) for n in names}
+    out = Console(highlight=False)
+    for n in names:
+        out.print(f"[bold]{n:<6}[/] {load_preset(n).get('description', '')}")
+    table = Table("FIELD", *names, box=None, pad_edge=False)
+    fields = list(dict.fromkeys(path for n in names for path in values[n]))
+    for path in fields:
+        table.add_row(path, *(_show(values[n].get(path, "-")) for n in names))
+    out.print()
+    out.print(table)
+    out.print(
+        "\nmethod.type picks the preset; set any field in the spec to override it "
+        "(kubetune validate SPEC shows each value's source). target_modules attention|mlp presets exist for: "
+        + ", ".join(architectures())
+    )
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the training commands to the kubetune app."""
+    app.command("presets")(presets)
