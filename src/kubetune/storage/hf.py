@@ -8,11 +8,12 @@ there directly (``local_dir``); offline, they are copied from the cache.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from .. import constants as C
 from ..errors import SourceError
-from ._common import TransferStats, concurrency, copy_tree, walk_files
+from ._common import TransferStats, concurrency, walk_files
 from .uri import Location, scrub
 
 __all__ = ["download"]
@@ -54,8 +55,8 @@ def download(
             path = Path(snapshot_download(local_dir=str(dest), **kwargs))
         else:
             path = Path(snapshot_download(**kwargs))
-            if dest is not None:
-                copy_tree(path, dest, stats)
+            if dest is not None:  # offline: from the cache, honouring the patterns (the cache may hold more)
+                _copy_filtered(path, dest, allow, kwargs["ignore_patterns"], stats)
                 path = dest
     except Exception as e:  # huggingface_hub's error classes vary between versions: map by name
         raise _map_error(e, loc, offline) from None
@@ -66,6 +67,17 @@ def download(
     if not result.exists():
         raise SourceError(f"{loc.safe}: '{loc.path}' is not in the repository", hint="check the path after ORG/NAME")
     return result
+
+
+def _copy_filtered(src: Path, dest: Path, allow: list[str] | None, ignore: list[str] | None, stats: TransferStats) -> None:
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = dict((rel, p) for p, rel in walk_files(src))
+    for rel in filter_repo_objects(items=list(files), allow_patterns=allow, ignore_patterns=ignore):
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(files[rel], out)
+        stats.add(out.stat().st_size, 1)
 
 
 def _map_error(e: Exception, loc: Location, offline: bool) -> SourceError:

@@ -1,0 +1,80 @@
+"""CLI commands of storage: ``kubetune fetch URI DEST`` (what init containers run) and ``kubetune push SRC URI``.
+
+Both show a progress bar on stderr and end with one summary line: bytes, files, time and throughput.
+Imports stay light: boto3, huggingface_hub and oras load only when a command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fetch`` and ``push`` to the main ``kubetune`` app."""
+    app.command("fetch")(fetch)
+    app.command("push")(push)
+
+
+def fetch(
+    uri: str = typer.Argument(..., help="Model or dataset URI: path, file://, builtin://, hf://, s3://, http(s)://, oci://."),
+    dest: Path = typer.Argument(..., help="Directory to put the files in (created)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="hf:// revision (branch, tag or commit)."),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of a single-file source."),
+    include: List[str] = typer.Option([], "--include", help="hf:// only these files (glob, repeatable)."),
+    exclude: List[str] = typer.Option([], "--exclude", help="hf:// not these files (glob, repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Download a model or dataset into DEST (archives are unpacked safely); prints the local path."""
+    from .storage.fetcher import fetch_with_stats
+
+    path, stats = fetch_with_stats(
+        uri, dest, revision=revision, sha256=sha256, progress=not quiet,
+        allow_patterns=include or None, ignore_patterns=exclude or None,
+    )
+    s = stats.summary()
+    note = f", {_human(s['skipped_bytes'])} already there" if s["skipped_bytes"] else ""
+    _summary(f"fetched {s['uri']} -> {path}", s, note)
+    typer.echo(str(path))
+
+
+def push(
+    src: Path = typer.Argument(..., help="File or directory to upload."),
+    uri: str = typer.Argument(..., help="Destination: s3://BUCKET/PREFIX, oci://REGISTRY/REPO:TAG or file:///PATH."),
+    tar: bool = typer.Option(False, "--tar", help="Pack SRC into one NAME.tar.gz first (fetch unpacks it)."),
+    annotation: List[str] = typer.Option([], "--annotation", "-a", help="KEY=VALUE: OCI manifest annotation or S3 metadata (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Upload a model or dataset to a bucket or registry (deliver it before training)."""
+    from .errors import SourceError
+    from .storage.pusher import push_with_stats
+
+    notes = {}
+    for item in annotation:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SourceError(f"--annotation '{item}': expected KEY=VALUE, e.g. org.opencontainers.image.description=tiny")
+        notes[key.strip()] = value
+    s = push_with_stats(src, uri, tar=tar, annotations=notes or None, progress=not quiet)
+    note = f", {_human(s['skipped_bytes'])} already there" if s["skipped_bytes"] else ""
+    note += f", digest {s['digest']}" if s.get("digest") else ""
+    _summary(f"pushed {src} -> {s['uri']}", s, note)
+
+
+def _summary(head: str, s: dict, note: str) -> None:
+    if not s["bytes"]:
+        rate = "nothing to transfer"
+    else:
+        rate = f"{_human(s['bytes_per_second'])}/s" if s["seconds"] > 0 else "instant"
+    cached = " (cache hit)" if s.get("cached") else ""
+    typer.echo(f"{head}{cached}: {_human(s['bytes'])} in {s['files']} file(s), {s['seconds']:.1f}s, {rate}{note}", err=True)
+
+
+def _human(n: float) -> str:
+    from .storage._common import human_bytes
+
+    return human_bytes(n)
