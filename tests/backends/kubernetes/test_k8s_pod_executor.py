@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from kubetune import constants as C
-from kubetune.backends.kubernetes import render, render_text, stage_inputs
-from kubetune.events import parse_event_line, status_from_events
+from kubetune.backends.base import get_backend
+from kubetune.backends.kubernetes import render, stage_inputs
 from kubetune.spec import load_spec
 
-from fixtures_servers import s3, s3_server  # noqa: F401  (pytest fixtures)
 from pod_executor import PodExecutor
 
 from . import specs
+from .apiserver_double import CORE, ApiServerDouble, make_pod
 
 BIN = Path(sys.executable).parent
 # What the test machine needs and a real image has baked in: no network for the hub, one thread per process.
@@ -119,28 +119,43 @@ def _secrets(s3) -> dict:
 
 
 @pytest.mark.slow
-def test_tiny_job_stages_fetches_and_trains(s3, capitals, tmp_path):  # noqa: F811
+def test_tiny_job_submitted_staged_fetched_trained_and_followed(s3, capitals, tmp_path):
+    """submit (stages the local dataset to S3) -> the submitted Job runs -> status and logs from its pod."""
     if not _fetch_available():
         pytest.skip("`kubetune fetch` (the storage CLI) is not available yet: the init containers cannot run")
-    job = load_spec(_tiny_spec(s3, capitals))
-    uploads = stage_inputs(job)
-    assert uploads == [(str(capitals), s3.uri("staging/tiny-k8s/data/capitals.jsonl"))]
-    objects = render(job, "job")
-    assert s3.secret not in render_text(objects)
-    (pod,) = PodExecutor(objects, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=OFFLINE, timeout=500).run()
-    assert pod.ok, pod.describe()
-    assert (pod.host_path(C.K8S_DATA_DIR) / "capitals.jsonl").read_bytes() == capitals.read_bytes()
-    run = pod.host_path(C.K8S_OUTPUT_DIR)
-    assert (run / C.DONE_FILE).is_file()
-    assert json.loads((run / C.STATUS_FILE).read_text())["state"] == C.STATE_SUCCEEDED
-    assert (run / C.ADAPTER_DIR).is_dir()
-    # the pod's log alone rebuilds the status, as `kubetune status` does on a cluster
-    st = status_from_events(ev for ev in map(parse_event_line, pod.output("worker").splitlines()) if ev)
-    assert st.state == C.STATE_SUCCEEDED and st.step == 4
+    double = ApiServerDouble().start()
+    try:
+        backend = get_backend("kubernetes", kubeconfig=str(double.kubeconfig(tmp_path / "kubeconfig")), cache_seconds=0)
+        ref = backend.submit(load_spec(_tiny_spec(s3, capitals)))
+        staged = s3.client.get_object(Bucket=s3.bucket, Key="staging/tiny-k8s/data/capitals.jsonl")["Body"].read()
+        assert staged == capitals.read_bytes()
+        submitted = [double.get(CORE, "configmaps", "default", "tiny-k8s-spec"), double.get("batch/v1", "jobs", "default", "tiny-k8s")]
+        assert s3.secret not in json.dumps(submitted) and str(capitals) not in json.dumps(submitted)
+
+        (pod,) = PodExecutor(submitted, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=OFFLINE, timeout=500).run()
+        assert pod.ok, pod.describe()
+        assert (pod.host_path(C.K8S_DATA_DIR) / "capitals.jsonl").read_bytes() == capitals.read_bytes()
+        run = pod.host_path(C.K8S_OUTPUT_DIR)
+        assert (run / C.DONE_FILE).is_file() and (run / C.ADAPTER_DIR).is_dir()
+        assert json.loads((run / C.STATUS_FILE).read_text())["state"] == C.STATE_SUCCEEDED
+
+        # what the kubelet and the Job controller would report, from what really ran
+        job = double.get("batch/v1", "jobs", "default", "tiny-k8s")
+        done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        kubelet_pod = make_pod("tiny-k8s-x7k2p", job["spec"]["template"]["metadata"]["labels"], main="worker", phase="Succeeded",
+                               init=[("fetch-data", done)], main_state=done, owner=job)
+        double.add_pod("default", kubelet_pod, logs={"fetch-data": pod.output("fetch-data"), "worker": pod.output("worker")})
+        double.set_status("batch/v1", "jobs", "default", "tiny-k8s", {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+        st = backend.status(ref)
+        assert (st.state, st.step, st.total_steps) == (C.STATE_SUCCEEDED, 4, 4)
+        assert st.loss is not None
+        assert any(line.startswith("[fetch-data] ") for line in backend.logs(ref))
+    finally:
+        double.stop()
 
 
 @pytest.mark.slow
-def test_two_node_job_trains_with_torchrun(s3, capitals, tmp_path):  # noqa: F811
+def test_two_node_job_trains_with_torchrun(s3, capitals, tmp_path):
     """Issue 7: the job flavour's Indexed Job + headless Service rendezvous, two pods of one process each."""
     if not _fetch_available():
         pytest.skip("`kubetune fetch` (the storage CLI) is not available yet: the init containers cannot run")
