@@ -61,6 +61,7 @@ class ApiServerDouble:
         self.store: dict[tuple[str, str, str, str], dict] = {}  # (gv, plural, ns, name) -> object
         self.logs: dict[tuple[str, str, str], str] = {}  # (ns, pod, container) -> text
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
+        self.calls: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource) of every authorized request
         self.lock = threading.Lock()
         self._clock = itertools.count()
         self._server: ThreadingHTTPServer | None = None
@@ -144,6 +145,7 @@ class ApiServerDouble:
             return 404, "text/plain", b"404 page not found\n"
         verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method, "get" if name else "list")
         resource = plural + ("/log" if m.group("log") else "")
+        self.calls.add((verb, gv.rpartition("/")[0], resource))
         if (verb, resource) in self.forbidden:
             return _status(403, "Forbidden", f'{resource} is forbidden: User "tester" cannot {verb} resource "{resource}" in API group "{gv.rpartition("/")[0]}" in the namespace "{ns}"')
         if ns not in self.namespaces:
