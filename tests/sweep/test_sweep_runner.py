@@ -1,0 +1,151 @@
+"""The sweep's scheduling decisions, on a test double of the Backend protocol (backend_double.py):
+early stopping, interrupts, following trials an earlier sweep process left running, refusing reruns
+that would mix different specs, and one sweep process at a time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubetune import constants as C
+from kubetune.backends.base import BACKENDS
+from kubetune.errors import BackendError, SpecError
+from kubetune.spec import load_spec
+from kubetune.sweep import load_sweep, run_sweep
+from kubetune.sweep_state import sweep_lock
+
+from .backend_double import InstantBackend
+
+GOOD, FINE, BAD = 1e-3, 2e-3, 5e-2
+
+
+def curve(job) -> list[float]:
+    """Loss per step by learning rate: two trials that learn, one that does not."""
+    steps = job.training.max_steps or 1
+    lr = job.training.learning_rate
+    if lr == BAD:
+        return [3.0] * steps
+    start = 2.0 if lr == GOOD else 2.1
+    return [round(start - 0.1 * s, 3) for s in range(1, steps + 1)]
+
+
+@pytest.fixture
+def double(monkeypatch):
+    """Install a fresh InstantBackend as backend "double" (each call replaces the previous one)."""
+    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
+
+    def install() -> InstantBackend:
+        backend = InstantBackend(curve)
+        monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
+        return backend
+
+    return install
+
+
+@pytest.fixture
+def job(tiny_job, tmp_path):
+    def make(**sweep):
+        spec = tiny_job(training={"max_steps": 6})
+        spec["sweep"] = {"dir": str(tmp_path / "sweeps" / "{id}"), "grid": {"training.learning_rate": [GOOD, FINE, BAD]}, **sweep}
+        return load_spec(spec)
+
+    return make
+
+
+def test_median_rule_stops_the_bad_trial_and_a_rerun_leaves_it_stopped(double, job):
+    backend = double()
+    lines: list[str] = []
+    sweep = run_sweep(
+        job(objective="train_loss", parallel=1, early_stopping={"min_trials": 2, "grace_steps": 2}),
+        backend="double", run_id="es", log=lines.append,
+    )
+    by_lr = {t.values["training.learning_rate"]: t for t in sweep.trials}
+    assert by_lr[BAD].state == C.TRIAL_PRUNED and by_lr[BAD].step == 2
+    assert "worse than the median" in by_lr[BAD].reason
+    assert backend.cancelled == [by_lr[BAD].name]
+    assert by_lr[GOOD].state == by_lr[FINE].state == C.STATE_SUCCEEDED
+    assert sweep.state == C.STATE_SUCCEEDED and sweep.best().name == by_lr[GOOD].name
+    assert [t.name for t in sweep.ranked()] == [by_lr[GOOD].name, by_lr[FINE].name, by_lr[BAD].name]
+
+    again = double()
+    rerun = run_sweep(job(objective="train_loss", parallel=1, early_stopping={"min_trials": 2, "grace_steps": 2}), backend="double", run_id="es")
+    assert again.submitted == []  # succeeded and stopped trials are not run again
+    assert rerun.trial(by_lr[BAD].name).state == C.TRIAL_PRUNED
+
+
+def test_interrupt_cancels_running_trials_and_a_rerun_resumes_only_those(double, job):
+    backend = double()
+    submitted: list[str] = []
+
+    def log(line: str) -> None:
+        if ": submitted" in line:
+            submitted.append(line)
+            if len(submitted) == 3:  # the first two trials have finished; the third has just started
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(job(parallel=2, grid={"training.learning_rate": [GOOD, FINE, BAD], "method.lora.r": [4]}), backend="double", run_id="int", log=log)
+    sweep = load_sweep("tiny-int")
+    states = [t.state for t in sweep.trials]
+    assert states == [C.STATE_SUCCEEDED, C.STATE_SUCCEEDED, C.TRIAL_INTERRUPTED] and sweep.state == C.TRIAL_INTERRUPTED
+    assert backend.cancelled == [sweep.trials[2].name]
+
+    again = double()
+    rerun = run_sweep(job(parallel=2, grid={"training.learning_rate": [GOOD, FINE, BAD], "method.lora.r": [4]}), backend="double", run_id="int")
+    assert again.submitted == [sweep.trials[2].name]
+    assert [t.state for t in rerun.trials] == [C.STATE_SUCCEEDED] * 3
+    assert rerun.trials[2].attempts == 2
+
+
+def test_a_rerun_follows_a_trial_still_running_instead_of_starting_it_again(double, job, monkeypatch):
+    backend = double()
+    monkeypatch.setattr(backend, "cancel", lambda ref: None)  # the job outlives the sweep process, as after kill -9
+
+    def stop_at_first_submission(line: str) -> None:
+        if ": submitted" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(job(parallel=1), backend="double", run_id="adopt", log=stop_at_first_submission)
+    first = load_sweep("tiny-adopt").trials[0].name
+    lines: list[str] = []
+    sweep = run_sweep(job(parallel=1), backend="double", run_id="adopt", log=lines.append)
+    assert f"{first}: still running from an earlier run, following it" in lines
+    assert backend.submitted.count(first) == 1
+    assert all(t.state == C.STATE_SUCCEEDED for t in sweep.trials)
+
+
+def test_a_changed_spec_needs_a_new_run_id(double, job, tiny_job, tmp_path):
+    double()
+    run_sweep(job(), backend="double", run_id="a")
+    changed = tiny_job(training={"max_steps": 7})
+    changed["sweep"] = job().sweep.model_dump(mode="json")
+    with pytest.raises(SpecError, match="training.max_steps") as e:
+        run_sweep(load_spec(changed), backend="double", run_id="a")
+    assert "--run-id" in str(e.value)
+    fresh = double()
+    sweep = run_sweep(load_spec(changed), backend="double", run_id="b")
+    assert sweep.id == "tiny-b" and len(fresh.submitted) == 3
+    assert all(t.state == C.STATE_SUCCEEDED for t in sweep.trials)
+
+
+def test_one_process_runs_a_sweep_at_a_time(double, job, tmp_path):
+    double()
+    with sweep_lock(tmp_path / "sweeps" / "tiny-locked") as mine:
+        assert mine
+        with pytest.raises(BackendError, match="already running") as e:
+            run_sweep(job(), backend="double", run_id="locked")
+    assert "kubetune sweep cancel tiny-locked" in str(e.value)
+
+
+def test_reports_are_written_when_a_sweep_ends(double, job, tmp_path):
+    double()
+    sweep = run_sweep(job(), backend="double", run_id="rep")
+    d = tmp_path / "sweeps" / "tiny-rep"
+    data = json.loads((d / C.SWEEP_RESULTS_JSON).read_text())
+    assert data["best"]["trial"] == sweep.best().name and data["objective"] == "eval_loss"
+    assert [r["trial"] for r in data["trials"]] == [t.name for t in sweep.ranked()]
+    assert (d / C.SWEEP_RESULTS_CSV).read_text().splitlines()[0].startswith("rank,trial,best,training.learning_rate,state,eval_loss")
+    assert (d / C.SWEEP_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sweep.best().name in (d / C.SWEEP_REPORT).read_text()
