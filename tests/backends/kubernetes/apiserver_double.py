@@ -3,7 +3,7 @@
 No API server can run here, so the client tests point the real ``kubernetes`` client (through a generated
 kubeconfig) at this small threaded HTTP server on 127.0.0.1. It speaks only the REST paths kubetune calls:
 
-    /api/v1/namespaces/{ns}/{configmaps|services|persistentvolumeclaims|pods}[/{name}[/log]]
+    /api/v1/namespaces/{ns}/{configmaps|services|persistentvolumeclaims|pods}[/{name}[/log|/exec]]
     /apis/batch/v1/namespaces/{ns}/jobs[/{name}]
     /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]
     /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs[/{name}]
@@ -11,13 +11,17 @@ kubeconfig) at this small threaded HTTP server on 127.0.0.1. It speaks only the 
 with create (POST), get and list (GET, equality label selectors), merge-patch (PATCH) and delete (DELETE,
 with owner-reference garbage collection), bearer-token auth, and the API server's error shapes: 401, 403
 (per verb and resource), 404 Status for objects and namespaces, a plain ``404 page not found`` for an API
-group whose CRD is not installed, 409 AlreadyExists. It runs no controllers: a test plays the Job
-controller and the kubelet by setting ``status`` and adding pods and their logs.
+group whose CRD is not installed, 409 AlreadyExists; ``exec`` speaks the channel.k8s.io websocket protocol
+with whatever the test's ``exec_handler`` returns. It runs no controllers: a test plays the Job controller
+and the kubelet by setting ``status`` and adding pods and their logs (``start_pods`` marks created pods
+Running).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import itertools
 import json
 import re
@@ -41,7 +45,8 @@ KNOWN = {
     ("trainer.kubeflow.org/v1alpha1", "trainjobs"): "TrainJob",
 }
 CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1")
-_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<log>/log)?)?$")
+_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<sub>/log|/exec)?)?$")
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 class ApiServerDouble:
@@ -58,6 +63,9 @@ class ApiServerDouble:
         self.crds = set(crds)
         self.namespaces = set(namespaces)
         self.forbidden: set[tuple[str, str]] = set()  # (verb, plural) answered with 403
+        self.start_pods = False  # play the kubelet: pods created through the API report Running at once
+        # (ns, pod, argv) -> (stdout, stderr, exit code): what `exec` into a pod runs
+        self.exec_handler = None
         self.store: dict[tuple[str, str, str, str], dict] = {}  # (gv, plural, ns, name) -> object
         self.logs: dict[tuple[str, str, str], str] = {}  # (ns, pod, container) -> text
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
@@ -144,7 +152,8 @@ class ApiServerDouble:
         if (gv, plural) not in KNOWN:
             return 404, "text/plain", b"404 page not found\n"
         verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method, "get" if name else "list")
-        resource = plural + ("/log" if m.group("log") else "")
+        sub = m.group("sub") or ""
+        resource = plural + sub
         self.calls.add((verb, gv.rpartition("/")[0], resource))
         if (verb, resource) in self.forbidden:
             return _status(403, "Forbidden", f'{resource} is forbidden: User "tester" cannot {verb} resource "{resource}" in API group "{gv.rpartition("/")[0]}" in the namespace "{ns}"')
@@ -152,8 +161,12 @@ class ApiServerDouble:
             return _status(404, "NotFound", f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         key = (gv, plural, ns, name)
         with self.lock:
-            if m.group("log"):
+            if sub == "/log":
                 return self._log(ns, name, query)
+            if sub == "/exec":
+                if (CORE, "pods", ns, name) not in self.store:
+                    return _not_found("pods", name)
+                return 101, "exec", (ns, name, query.get("command", []))
             if method == "POST":
                 return self._create(gv, plural, ns, json.loads(body or b"{}"))
             if method == "GET" and name:
@@ -187,6 +200,10 @@ class ApiServerDouble:
             return _status(409, "AlreadyExists", f'{plural}{"." + group if group else ""} "{name}" already exists', details={"name": name, "kind": plural})
         obj = copy.deepcopy(obj)
         obj["apiVersion"], obj["kind"] = gv, KNOWN[(gv, plural)]
+        if plural == "pods" and self.start_pods:
+            obj["status"] = {"phase": "Running", "containerStatuses": [
+                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}
+                for c in obj["spec"]["containers"]]}
         md = obj["metadata"]
         md.update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion=str(next(self._clock) + 1), creationTimestamp=self._timestamp())
         self.store[(gv, plural, ns, name)] = obj
@@ -258,6 +275,8 @@ def _handler(double: ApiServerDouble):
             parts = urlsplit(self.path)
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             code, ctype, payload = double.handle(self.command, parts.path, parse_qs(parts.query), self.headers, body)
+            if code == 101:
+                return self._exec(*payload)
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             if isinstance(payload, list):
@@ -273,7 +292,39 @@ def _handler(double: ApiServerDouble):
 
         do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _do
 
+        def _exec(self, ns: str, pod: str, argv: list[str]) -> None:
+            """The exec subresource as the API server speaks it: a websocket, one channel byte per frame."""
+            key = self.headers.get("Sec-WebSocket-Key", "")
+            accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+            self.wfile.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                + f"Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n".encode()
+            )
+            stdout, stderr, code = double.exec_handler(ns, pod, argv) if double.exec_handler else (b"", b"no exec handler\n", 126)
+            for channel, data in ((1, stdout), (2, stderr)):
+                for i in range(0, len(data), 32768):
+                    self.wfile.write(_frame(bytes([channel]) + data[i : i + 32768]))
+            status = {"metadata": {}, "status": "Success"} if code == 0 else {
+                "metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+            self.wfile.write(_frame(b"\x03" + json.dumps(status).encode()))
+            self.wfile.write(_frame(b"\x03\xe8", opcode=0x8))  # close, 1000
+            self.wfile.flush()
+
     return Handler
+
+
+def _frame(payload: bytes, opcode: int = 0x2) -> bytes:
+    """One unmasked server-to-client websocket frame."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([n])
+    elif n < 65536:
+        head += bytes([126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([127]) + n.to_bytes(8, "big")
+    return head + payload
 
 
 def make_pod(

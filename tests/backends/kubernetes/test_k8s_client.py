@@ -320,3 +320,65 @@ def test_cli_run_status_cancel(double, kubeconfig, tmp_path):
     assert double.get(*JOBS, "default", "tune-demo") is None
     r = kt("status", "tune-demo", "--backend", "kubernetes")
     assert r.returncode == 2 and "no kubetune job 'tune-demo'" in r.stderr
+
+
+# --- results back --------------------------------------------------------------------------------
+def _pvc_outputs(tmp_path) -> tuple[Path, bytes]:
+    """What the finished job left in /workspace/output on its PVC, as the copy pod's tar | base64 prints it."""
+    import base64
+    import io
+    import tarfile
+
+    out = tmp_path / "pvc-output"
+    (out / "adapter").mkdir(parents=True)
+    (out / "adapter" / "adapter_config.json").write_text('{"r": 8}')
+    (out / C.DONE_FILE).write_text("1\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:  # what `ls -A | tar czf - -T -` packs
+        for child in sorted(out.iterdir()):
+            tar.add(child, arcname=child.name)
+    return out, base64.b64encode(buf.getvalue()) + b"\n"
+
+
+def test_download_from_the_pvc_through_a_copy_pod(double, backend, tmp_path):
+    from kubetune.backends.kubernetes.download import data_access_pod
+
+    from .k8s_validate import validate
+
+    job = _job("gpu-pvc", "kubernetes.namespace=default", "output.uri=null")
+    backend.submit(job)
+    _, payload = _pvc_outputs(tmp_path)
+    seen = []
+
+    def exec_handler(ns, pod, argv):
+        seen.append((pod, argv))
+        return payload, b"", 0
+
+    double.exec_handler, double.start_pods = exec_handler, True
+    dest = backend.download("tune-demo", tmp_path / "results")
+    assert (dest / "adapter" / "adapter_config.json").read_text() == '{"r": 8}'
+    assert (dest / C.DONE_FILE).is_file()
+    pod, argv = seen[0]
+    assert pod == "tune-demo-download" and argv[:2] == ["sh", "-c"] and C.K8S_OUTPUT_DIR in argv[2]
+    assert double.get(CORE, "pods", "default", "tune-demo-download") is None  # the copy pod is gone again
+    validate(data_access_pod(job, claim="tune-demo-workspace", namespace="default"))
+
+
+def test_download_failures_are_explained(double, backend, tmp_path):
+    backend.submit(_job("gpu-pvc", "kubernetes.namespace=default", "output.uri=null"))
+    double.start_pods = True
+    double.exec_handler = lambda ns, pod, argv: (b"", b"no /workspace/output on the PVC\n", 3)
+    with pytest.raises(BackendError, match=r"failed \(exit 3\): no /workspace/output on the PVC"):
+        backend.download("tune-demo", tmp_path / "results")
+    assert double.get(CORE, "pods", "default", "tune-demo-download") is None
+    backend.cancel("tune-demo")
+    backend.submit(_job("cpu"))  # emptyDir workspace, no output.uri
+    with pytest.raises(BackendError, match="emptyDir workspace, which is gone with its pod"):
+        backend.download("tune-demo", tmp_path / "results")
+
+
+def test_download_from_the_output_uri(double, backend, s3, tmp_path):
+    s3.client.put_object(Bucket=s3.bucket, Key="results/tune-demo/adapter/adapter_config.json", Body=b'{"r": 16}')
+    backend.submit(_job("cpu", f"output.uri={s3.uri('results/tune-demo')}"))
+    dest = backend.download("tune-demo", tmp_path / "results")
+    assert (Path(dest) / "adapter" / "adapter_config.json").read_bytes() == b'{"r": 16}'

@@ -201,31 +201,34 @@ class KubernetesBackend:
         return self._ref_of(newest, ns)
 
     def download(self, job_id: str, dest: str | Path) -> Path:
-        """Bring a finished job's outputs to ``dest`` from its ``output.uri``.
+        """Bring a finished job's outputs to ``dest``: from its ``output.uri``, else from its workspace PVC.
+
+        Returns:
+            The local directory holding the outputs.
 
         Raises:
-            BackendError: the job has no output.uri (outputs on a PVC: see docs/kubernetes.md).
+            BackendError: the outputs lived in an emptyDir (gone with the pod), or the copy failed.
         """
         import yaml
 
+        from ...spec import load_spec
+
         ref = self._ref(job_id)
         ns = ref.extra["namespace"]
-        with A.api_call(self.cluster, "get", "configmaps", namespace=ns, name=f"{ref.id}-spec", kind="ConfigMap"):
-            cm = self.cluster.to_dict(self.cluster.core().read_namespaced_config_map(f"{ref.id}-spec", ns, _request_timeout=_TIMEOUT))
-        spec = yaml.safe_load(cm["data"][C.K8S_SPEC_KEY])
-        uri = (spec.get("output") or {}).get("uri")
-        if not uri:
-            ws = (spec.get("kubernetes") or {}).get("workspace") or {}
-            claim = ws.get("claim_name") or f"{ref.id}-workspace"
-            raise BackendError(
-                f"job {ref.id} has no output.uri: its results stayed in the pod's workspace"
-                + (f" (PVC {claim}, under output/)" if ws.get("volume") == "pvc" else " (an emptyDir, gone with the pod)"),
-                hint="set output.uri: s3://... or oci://... so the worker publishes results; for a PVC, copy them with "
-                "a pod that mounts it (docs/kubernetes.md, 'Getting results back')",
-            )
-        from ...storage import fetch
+        cm = self._get("ConfigMap", f"{ref.id}-spec", ns)
+        job = load_spec(yaml.safe_load(cm["data"][C.K8S_SPEC_KEY]))
+        if job.output.uri:
+            from ...storage import fetch
 
-        return Path(fetch(uri, dest, use_cache=False))
+            return Path(fetch(job.output.uri, dest, use_cache=False))
+        if job.kubernetes.workspace.volume == "pvc":
+            from .download import download
+
+            return download(self, job, namespace=ns, dest=Path(dest))
+        raise BackendError(
+            f"job {ref.id} kept its outputs in an emptyDir workspace, which is gone with its pod",
+            hint="set output.uri: s3://... or oci://... (the worker publishes there), or kubernetes.workspace.volume: pvc",
+        )
 
     # --- connection --------------------------------------------------------------------------
     @property
