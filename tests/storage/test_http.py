@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
+import time
 
 import pytest
 from kt_storage_util import make_tree, read_tree
@@ -158,3 +159,18 @@ def test_unreachable(tmp_path):
     with pytest.raises(SourceError) as e:
         fetch(url, tmp_path / "d")
     assert url in str(e.value) and "cannot reach" in str(e.value) and "HTTPS_PROXY" in str(e.value)
+
+
+def test_refetch_into_same_dest_skips_unchanged(http_server, tmp_path):
+    (http_server.root / "s.bin").write_bytes(b"x" * 5000)
+    url = f"{http_server.url}/s.bin"
+    fetch(url, tmp_path / "d")
+    http_server.requests.clear()
+    _, stats = fetch_with_stats(url, tmp_path / "d")
+    assert stats.bytes == 0 and stats.skipped_bytes == 5000
+    assert [m for m, _, _ in http_server.requests] == ["HEAD"]
+
+    time.sleep(1.1)  # a new Last-Modified
+    (http_server.root / "s.bin").write_bytes(b"y" * 5000)  # same size, new content
+    out, stats = fetch_with_stats(url, tmp_path / "d")
+    assert out.read_bytes() == b"y" * 5000 and stats.bytes == 5000

@@ -38,6 +38,11 @@ class TransferStats:
             self.bytes += nbytes
             self.files += files
 
+    def skip(self, nbytes: int) -> None:
+        """Bytes that needed no transfer (already present, cached, deduplicated)."""
+        with self._lock:
+            self.skipped_bytes += nbytes
+
     def finish(self) -> "TransferStats":
         self.seconds = round(time.monotonic() - self.started, 3)
         return self

@@ -132,6 +132,8 @@ def _fetch_remote(loc: Location, dest: Path | None, stats: TransferStats, bar: P
         with entry.locked():
             hit = entry.lookup(fingerprint) if use_cache else None
             if hit is not None:
+                if sha256 and hit.is_file():
+                    _check_sha256(hit, sha256, loc)
                 stats.cached = True
                 stats.skipped_bytes = _size(hit)
                 log.info("%s: cache hit (%s)", loc.safe, hit)

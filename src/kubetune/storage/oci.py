@@ -101,6 +101,7 @@ class Registry:
         self.http = web.client()
         self._basic, self._cred_source = _credentials(host)
         self._auth: dict[str, str] = {}
+        self.probed: set[str] = set()
 
     def close(self) -> None:
         self.http.close()
@@ -276,11 +277,12 @@ def download(loc: Location, art: Artifact, target_dir: Path, stats: TransferStat
 def _blob(reg: Registry, loc: Location, art: Artifact, layer: dict, target: Path, stats: TransferStats, progress: Progress) -> Path:
     digest, size = layer["digest"], int(layer.get("size", 0))
     if target.is_file() and target.stat().st_size == size and "sha256:" + file_digest(target) == digest:
-        stats.skipped_bytes += size
+        stats.skip(size)
         return target
     progress.expect(size)
-    # One token request up front, so that the streamed GET carries a valid Authorization header.
-    reg.request("HEAD", reg.url(art.repo, f"blobs/{digest}"), scope=f"repository:{art.repo}:pull", ok=(200, 307))
+    if art.repo not in reg.probed:  # one auth round trip up front: the streamed GETs carry its header
+        reg.request("HEAD", reg.url(art.repo, f"blobs/{digest}"), scope=f"repository:{art.repo}:pull", ok=(200, 307))
+        reg.probed.add(art.repo)
     return web.stream_to_file(
         reg.http, reg.url(art.repo, f"blobs/{digest}"), target, label=f"{loc.safe} ({digest[:19]})",
         expected_size=size, sha256=digest, validator=digest, headers=reg.auth_headers, stats=stats, progress=progress,
@@ -456,7 +458,7 @@ def _upload_blob(reg: Registry, repo: str, scope: str, path: Path, stats: Transf
     head = reg.request("HEAD", reg.url(repo, f"blobs/{digest}"), scope=scope, ok=(200,))
     if head.status_code == 200:  # already there (another file, an earlier push): nothing to send
         if stats:
-            stats.skipped_bytes += size
+            stats.skip(size)
         if progress:
             progress.advance(size)
         return {"digest": digest, "size": size}

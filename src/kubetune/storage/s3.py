@@ -273,7 +273,7 @@ def download(listing: Listing, loc: Location, target_dir: Path, stats: TransferS
     for o in listing.objects:
         local = target_dir / o.rel
         if local.is_file() and local.stat().st_size == o.size and abs(local.stat().st_mtime - o.mtime) < 1:
-            stats.skipped_bytes += o.size  # a verified copy from an earlier, interrupted run
+            stats.skip(o.size)  # a verified copy from an earlier, interrupted run
             continue
         todo.append(o)
     progress.expect(sum(o.size for o in todo))

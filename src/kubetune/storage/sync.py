@@ -181,6 +181,8 @@ class OutputSync:
     def publish(self, run_dir: Path) -> None:
         """Upload the final artifacts (after queued checkpoints); raises SourceError when that fails."""
         self.wait()
+        if self.errors:
+            self._event("warning", f"{len(self.errors)} checkpoint upload(s) to {self.loc.safe} failed; last: {self.errors[-1]}")
         started = time.monotonic()
         self._target.publish(Path(run_dir))
         log.info("published %s to %s in %.1fs", run_dir, self.loc.safe, time.monotonic() - started)

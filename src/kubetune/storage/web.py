@@ -111,14 +111,18 @@ def download(
     target = target_dir / loc.basename
     with client() as http:
         remote = remote or probe(loc, http=http)
-        if target.is_file() and remote.size is not None and target.stat().st_size == remote.size and not sha256:
-            stats.skipped_bytes += remote.size
+        stamp = _http_time(remote.last_modified)
+        if (target.is_file() and remote.size is not None and stamp is not None and not sha256
+                and target.stat().st_size == remote.size and abs(target.stat().st_mtime - stamp) < 1):
+            stats.skip(remote.size)  # downloaded before, same size and same Last-Modified
             return target
         stream_to_file(
             http, loc.uri, target, label=loc.safe, expected_size=remote.size, sha256=sha256,
             validator=remote.etag if remote.etag and not remote.etag.startswith("W/") else remote.last_modified,
             stats=stats, progress=progress,
         )
+        if stamp is not None:
+            os.utime(target, (stamp, stamp))
     return target
 
 
@@ -272,6 +276,13 @@ def _total_size(r, offset: int) -> int | None:
     if length and length.isdigit() and "content-encoding" not in r.headers:
         return int(length) + (offset if r.status_code == 206 else 0)
     return None
+
+
+def _http_time(value: str | None) -> float | None:
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() if value else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _retry_after(r) -> float | None:
