@@ -315,6 +315,8 @@ def test_cli_run_status_cancel(double, kubeconfig, tmp_path):
     r = kt("status", "tune-demo", "--backend", "kubernetes", "--json")
     assert r.returncode == 0, r.stderr
     assert '"state": "pending"' in r.stdout
+    r = kt("download", "tune-demo", str(tmp_path / "out"))
+    assert r.returncode == 2 and "emptyDir workspace, which is gone with its pod" in r.stderr
     r = kt("cancel", "tune-demo", "--backend", "kubernetes")
     assert r.returncode == 0, r.stderr
     assert double.get(*JOBS, "default", "tune-demo") is None
