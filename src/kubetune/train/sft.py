@@ -1,296 +1,297 @@
-"""The supervised fine-tuning run: load the model, attach the method, train with TRL, save results.
+"""The supervised fine-tuning run: plan the steps, load the model with its method, train with TRL, save.
 
-Reads top to bottom: :func:`run_sft` is the story; the ``_setup_*`` helpers below it each do one step.
+Reads top to bottom: :func:`run_sft` is the story; the helpers below it each do one step. Model setup is
+in :mod:`.model`, checkpoint bookkeeping in :mod:`.checkpoints`, live progress in :mod:`.progress`.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import dataclasses
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .. import constants as C
 from ..errors import TrainError
 from ..events import RunDir, make_event
 from ..spec import TuneJob
+from .checkpoints import best_checkpoint, checkpoint_step, complete_checkpoints, find_resume_checkpoint
+from .model import count_parameters, device_info, load_model, load_tokenizer, precision
+from .progress import Plan, ProgressCallback, log_history_losses, mean_loss, perplexity
 
-__all__ = ["run_sft", "load_tokenizer", "find_resume_checkpoint", "complete_checkpoints", "device_info", "oom_advice"]
+__all__ = ["run_sft", "plan_run", "load_tokenizer", "find_resume_checkpoint", "complete_checkpoints", "device_info", "oom_advice", "is_out_of_memory"]
+
+# Packages each training.report_to integration needs (checked before training, for a clear message).
+_TRACKING_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
 
 
 def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, tokenizer: Any = None, sync: Any = None) -> dict:
     """Train ``job`` on ``prepared`` data starting from the model at ``model_path``.
 
-    Writes checkpoints under ``run/checkpoints`` (each marked complete when fully written), the
-    adapter or model into the run directory, and emits progress events.
+    Writes checkpoints under ``run/checkpoints`` (each marked complete once fully written), the adapter
+    (``adapter/``) or model (``model/``) into the run directory, and progress events.
 
     Returns:
-        The result metrics (train/eval loss, tokens, tokens/s, runtime, best checkpoint).
+        The result metrics: losses, eval loss and perplexity, best checkpoint, tokens, tokens/s, runtime.
 
     Raises:
-        TrainError: out of memory (with advice), NaN loss, or a resume path that does not exist.
+        TrainError: out of memory (with advice naming spec fields), NaN loss, a bad resume path, or a
+            missing optional package.
     """
-    import torch
-    from trl import SFTConfig, SFTTrainer
+    from transformers import set_seed
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTTrainer
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     device = device_info()
     tokenizer = tokenizer or load_tokenizer(job, model_path)
-    model = _setup_model(job, model_path, device)
+    plan = plan_run(job, prepared)
+    if is_main:
+        msg = f"plan: {plan.describe(job)}"
+        run.emit(make_event("metrics", msg, step=0, **dataclasses.asdict(plan)))
+        print(f"[kubetune] {msg}", flush=True)
     resume = find_resume_checkpoint(job, run, emit=is_main)
-    args = _setup_args(job, run, device, has_eval=prepared.eval is not None)
-    progress = _ProgressCallback(run, job, device, emit=is_main, sync=sync)
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=prepared.train,
-        eval_dataset=prepared.eval,
-        processing_class=tokenizer,
-        callbacks=[progress],
-    )
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)  # progress goes through our events instead
     started = time.time()
-    try:
-        train_out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    except torch.OutOfMemoryError as e:
-        raise TrainError(f"out of memory while training: {str(e).splitlines()[0]}", hint=oom_advice(job)) from None
-    except MemoryError:
-        raise TrainError("the host ran out of memory while training", hint=oom_advice(job)) from None
-    if progress.stop_reason:
-        raise TrainError(progress.stop_reason, hint="lower training.learning_rate or check the data for broken rows")
-    runtime = time.time() - started
+    with _out_of_memory_advice(job), _tracking(job, run):
+        set_seed(job.training.seed)  # adapter initialisation draws from the global RNG
+        model = load_model(job, model_path, device)
+        trainable, total = count_parameters(model)
+        progress = ProgressCallback(run, job, device, plan, emit=is_main, sync=sync)
+        trainer = SFTTrainer(
+            model=model,
+            args=_setup_args(job, run, device, plan, has_eval=prepared.eval is not None),
+            train_dataset=prepared.train,
+            eval_dataset=prepared.eval,
+            processing_class=tokenizer,
+            callbacks=[progress],
+        )
+        trainer.remove_callback(PrinterCallback)  # progress goes through our events instead
+        if resume is not None and checkpoint_step(resume) >= plan.total_steps:
+            _load_finished(trainer, resume, run, emit=is_main)  # trained already; it stopped before publishing
+        else:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        if progress.stop_reason:
+            raise TrainError(
+                progress.stop_reason,
+                hint="lower training.learning_rate, keep training.max_grad_norm > 0, use model.dtype bfloat16 rather "
+                "than float16, or check the data for broken rows",
+            )
+        final_eval = _final_evaluation(trainer, progress, has_eval=prepared.eval is not None)
 
-    metrics: dict[str, Any] = {"train_loss": train_out.training_loss, "global_step": trainer.state.global_step}
-    if prepared.eval is not None:
-        ev = trainer.evaluate()
-        metrics["eval_loss"] = ev.get("eval_loss")
-        metrics["perplexity"] = math.exp(min(ev["eval_loss"], 50)) if ev.get("eval_loss") is not None else None
-        if is_main:
-            run.emit(make_event("metrics", f"eval_loss={ev.get('eval_loss'):.4f}", step=trainer.state.global_step, eval_loss=ev.get("eval_loss")))
-    tokens = int(trainer.state.num_input_tokens_seen or 0) - progress.tokens_at_start
-    metrics.update(
-        tokens=tokens,
-        tokens_per_second=round(tokens / progress.train_seconds, 1) if progress.train_seconds else None,
-        runtime_seconds=round(runtime, 2),
-        train_seconds=round(progress.train_seconds, 2),
-        resumed_from=str(resume) if resume else None,
-        best_checkpoint=trainer.state.best_model_checkpoint,
-        losses=progress.losses,
-        peak_memory_mb=progress.peak_memory_mb,
-        device=device["type"],
-    )
+    losses = log_history_losses(trainer.state.log_history)
+    metrics: dict[str, Any] = {
+        "method": job.method.type,
+        "train_loss": mean_loss(losses),
+        "final_loss": losses[-1]["loss"] if losses else None,
+        "eval_loss": final_eval,
+        "perplexity": perplexity(final_eval),
+        "global_step": trainer.state.global_step,
+        "total_steps": plan.total_steps,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "global_batch": plan.global_batch,
+        "samples": plan.samples,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "tokens": progress.tokens,
+        "tokens_per_second": round(progress.tokens / progress.train_seconds, 1) if progress.train_seconds else None,
+        "train_seconds": round(progress.train_seconds, 2),
+        "runtime_seconds": round(time.time() - started, 2),
+        "resumed_from": str(resume) if resume else None,
+        "resumed_at_step": checkpoint_step(resume) if resume else None,
+        "best_checkpoint": best_checkpoint(run.checkpoints_dir),
+        "evals": progress.evals,
+        "losses": losses,
+        "peak_memory_mb": progress.peak_memory_mb,
+        "device": device["name"],
+        "precision": dataclasses.asdict(precision(job, device)),
+    }
     if is_main:
         _save_outputs(job, trainer, tokenizer, run)
     return metrics
 
 
+# --- planning --------------------------------------------------------------------------------
+def plan_run(job: TuneJob, prepared: Any) -> Plan:
+    """The step budget, known before training: total steps, checkpoint and evaluation intervals."""
+    t = job.training
+    samples = len(prepared.train)
+    if samples == 0:
+        raise TrainError("no training rows left after preparing the data", hint="check dataset.source and dataset.length_handling")
+    per_epoch = job.steps_per_epoch(samples)
+    total = job.planned_steps(samples)
+    save = t.save_steps or per_epoch
+    return Plan(
+        samples=samples,
+        global_batch=job.global_batch,
+        steps_per_epoch=per_epoch,
+        total_steps=total,
+        save_steps=save,
+        eval_steps=(t.eval_steps or save) if prepared.eval is not None else None,
+    )
+
+
 # --- setup -----------------------------------------------------------------------------------
-def device_info() -> dict:
-    """What the job trains on: cuda (with bf16 support) or cpu."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {"type": "cuda", "bf16": torch.cuda.is_bf16_supported(), "name": torch.cuda.get_device_name(0)}
-    return {"type": "cpu", "bf16": False, "name": "cpu"}
-
-
-def _torch_dtype(job: TuneJob, device: dict):
-    import torch
-
-    if job.model.dtype == "auto":
-        return torch.bfloat16 if device["bf16"] else torch.float32
-    return getattr(torch, job.model.dtype)
-
-
-def load_tokenizer(job: TuneJob, model_path: Path):
-    """The model's tokenizer, with a pad token (EOS when it has none)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=job.model.trust_remote_code)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def _setup_model(job: TuneJob, model_path: Path, device: dict):
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict[str, Any] = {"dtype": _torch_dtype(job, device), "trust_remote_code": job.model.trust_remote_code}
-    if job.model.attn_implementation != "auto":
-        kwargs["attn_implementation"] = job.model.attn_implementation
-    if job.method.type == "qlora":
-        kwargs["quantization_config"] = _bnb_config(device)
-    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
-    if job.training.gradient_checkpointing:
-        model.config.use_cache = False
-    if job.method.type == "full":
-        return model
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    if job.method.type == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=job.training.gradient_checkpointing)
-    lora = job.method.lora
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        use_rslora=lora.use_rslora,
-        modules_to_save=lora.modules_to_save or None,
-        bias=lora.bias,
-        use_dora=job.method.type == "dora",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
-
-
-def _bnb_config(device: dict):
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise TrainError(
-            "method.type qlora needs bitsandbytes, which is not installed",
-            hint="pip install 'kubetune[qlora]' (or pip install bitsandbytes)",
-        ) from None
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16 if device["bf16"] or device["type"] == "cpu" else torch.float16,
-    )
-
-
-def _setup_args(job: TuneJob, run: RunDir, device: dict, *, has_eval: bool):
+def _setup_args(job: TuneJob, run: RunDir, device: dict, plan: Plan, *, has_eval: bool):
     from trl import SFTConfig
 
     t = job.training
-    eval_strategy = "no"
-    if has_eval:
-        eval_strategy = "steps" if t.eval_steps else "epoch"
+    fields = SFTConfig.__dataclass_fields__
+    prec = precision(job, device)
+    compat: dict[str, Any] = {}
+    # Names changed across transformers versions: pass whichever this one knows.
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    compat[ckpt] = t.gradient_checkpointing
+    compat[f"{ckpt}_kwargs"] = {"use_reentrant": False} if t.gradient_checkpointing else None
+    if t.warmup_steps:
+        compat["warmup_steps"] = t.warmup_steps
+    elif "warmup_ratio" in fields:
+        compat["warmup_ratio"] = t.warmup_ratio
+    else:
+        compat["warmup_steps"] = t.warmup_ratio  # a float below 1 is a ratio
     return SFTConfig(
         output_dir=str(run.checkpoints_dir),
+        run_name=job.name,
         per_device_train_batch_size=t.batch_size,
         per_device_eval_batch_size=t.batch_size,
         gradient_accumulation_steps=job.accumulation_steps,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_steps if t.warmup_steps else t.warmup_ratio,
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
         optim=t.optimizer,
         seed=t.seed,
         data_seed=t.seed,
         num_train_epochs=t.epochs,
-        max_steps=t.max_steps or -1,
+        max_steps=plan.total_steps,  # the planned count, shown before training starts
         logging_steps=t.logging_steps,
-        eval_strategy=eval_strategy,
-        eval_steps=t.eval_steps,
-        save_strategy="steps" if t.save_steps else "epoch",
-        save_steps=t.save_steps or 500,
-        save_total_limit=t.save_total_limit,
-        report_to=t.report_to or "none",
-        gradient_checkpointing=t.gradient_checkpointing,
-        bf16=_torch_dtype(job, device).__repr__() == "torch.bfloat16" and device["type"] == "cuda",
+        logging_nan_inf_filter=False,  # a NaN loss must reach our health check, not be averaged away
+        eval_strategy="steps" if has_eval else "no",
+        eval_steps=plan.eval_steps,
+        save_strategy="steps",
+        save_steps=plan.save_steps,
+        save_total_limit=None,  # kubetune rotates, counting complete checkpoints only (progress.py)
+        report_to=list(t.report_to) or "none",
+        bf16=prec.amp == "bf16",
+        fp16=prec.amp == "fp16",
         use_cpu=device["type"] == "cpu",
         disable_tqdm=True,
         max_length=t.max_seq_length,
-        packing=False,
-        dataset_kwargs={"skip_prepare_dataset": True},
+        # packing (owned by data/packing.py): rows arrive packed with seq_lengths; packing=True makes TRL use its
+        # padding-free collator, whose position_ids restart per row, so transformers masks across rows (sdpa,
+        # eager) and flash-attention gets cu_seq_lens. skip_prepare_dataset keeps TRL from packing again.
+        packing=job.training.packing,
+        dataset_kwargs={"skip_prepare_dataset": True},  # rows arrive tokenized with their loss masks
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         remove_unused_columns=False,
+        **compat,
     )
 
 
-# --- checkpoints -----------------------------------------------------------------------------
-def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Checkpoints under ``ckpt_dir`` that carry the completion marker, oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = []
-    for p in ckpt_dir.iterdir():
-        if p.is_dir() and p.name.startswith("checkpoint-") and (p / C.CHECKPOINT_COMPLETE).is_file():
-            try:
-                found.append((int(p.name.split("-", 1)[1]), p))
-            except ValueError:
-                continue
-    return [p for _, p in sorted(found)]
+@contextlib.contextmanager
+def _tracking(job: TuneJob, run: RunDir) -> Iterator[None]:
+    """Check the report_to integrations are installed; while training, point their files into the run directory."""
+    import importlib.util
 
-
-def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> Path | None:
-    """The checkpoint to resume from, per ``training.resume``; incomplete checkpoints are removed."""
-    mode = job.training.resume
-    if mode == "never":
-        return None
-    if mode != "auto":
-        p = Path(mode).expanduser()
-        if not (p / C.CHECKPOINT_COMPLETE).is_file() and not (p / "trainer_state.json").is_file():
-            raise TrainError(f"training.resume: '{mode}' is not a complete checkpoint directory")
-        return p
-    ckpts = run.checkpoints_dir
-    fingerprint = checkpoint_fingerprint(job)
-    if ckpts.is_dir() and emit:
-        for p in ckpts.iterdir():
-            if p.is_dir() and p.name.startswith("checkpoint-") and not (p / C.CHECKPOINT_COMPLETE).is_file():
-                run.emit(make_event("warning", f"ignoring incomplete checkpoint {p.name} (removed)", path=str(p)))
-                shutil.rmtree(p, ignore_errors=True)
-    complete = complete_checkpoints(ckpts)
-    if complete:
-        recorded = _read_marker(complete[-1]).get("fingerprint")
-        if recorded and recorded != fingerprint:
+    for name in job.training.report_to:
+        needs = _TRACKING_PACKAGES.get(name, (name,))
+        if not any(importlib.util.find_spec(pkg) for pkg in needs):
             raise TrainError(
-                f"{complete[-1]} was written by a job with a different model or method, so it cannot be resumed",
-                hint=f"set training.resume=never to start over in {run.path}, or choose another output.dir",
+                f"training.report_to: '{name}' needs the {needs[0]} package, which is not installed",
+                hint="pip install 'kubetune[tracking]' (tensorboard, mlflow), or remove it from training.report_to",
             )
-    if complete and emit:
-        run.emit(make_event("checkpoint", f"resuming from {complete[-1].name}", path=str(complete[-1]), resume=True))
-    return complete[-1] if complete else None
-
-
-def checkpoint_fingerprint(job: TuneJob) -> str:
-    """What a checkpoint must agree on to be resumed: the model and the method (not epochs or lr)."""
-    import hashlib
-    import json
-
-    key = {"model": job.model.source, "method": job.method.model_dump(mode="json") if job.method.type != "full" else "full"}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _read_marker(ckpt: Path) -> dict:
-    import json
-
+    env = {}
+    if "tensorboard" in job.training.report_to:
+        env["TENSORBOARD_LOGGING_DIR"] = str(run.logs_dir / "tensorboard")
+    if "mlflow" in job.training.report_to:
+        env["MLFLOW_EXPERIMENT_NAME"] = job.name
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v for k, v in env.items() if saved[k] is None})  # the user's own settings win
     try:
-        data = json.loads((ckpt / C.CHECKPOINT_COMPLETE).read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
+# --- training --------------------------------------------------------------------------------
+def _load_finished(trainer: Any, ckpt: Path, run: RunDir, *, emit: bool) -> None:
+    """Take the weights and state of a checkpoint that already reached the planned step count."""
+    from transformers.trainer_callback import TrainerState
+
+    trainer._load_from_checkpoint(str(ckpt))
+    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
+    if emit:
+        run.emit(make_event("stage", f"{ckpt.name} already reached the planned steps: not training again", stage=C.STAGE_TRAIN))
+
+
+def _final_evaluation(trainer: Any, progress: ProgressCallback, *, has_eval: bool) -> float | None:
+    """Eval loss of the final weights (the trainer evaluates at the last step; evaluate if it did not)."""
+    if not has_eval:
+        return None
+    if progress.evals and progress.evals[-1]["step"] == trainer.state.global_step:
+        return progress.evals[-1]["eval_loss"]
+    return trainer.evaluate().get("eval_loss")
+
+
+# --- failure help ----------------------------------------------------------------------------
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for CUDA/accelerator OOM, the host's MemoryError, and torch's CPU allocator failures."""
+    if isinstance(e, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(e, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):  # pragma: no cover - torch < 2.5
+        pass
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("out of memory" in text.lower() or "can't allocate memory" in text)
+
+
+@contextlib.contextmanager
+def _out_of_memory_advice(job: TuneJob) -> Iterator[None]:
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        where = "the host ran out of memory" if isinstance(e, MemoryError) or "allocate memory" in str(e) else "out of memory"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainError(f"{where} while training ({first})", hint=oom_advice(job)) from None
 
 
 def oom_advice(job: TuneJob) -> str:
-    """Concrete changes to the spec that reduce memory, drawn from its current values."""
+    """Concrete spec changes that reduce memory, drawn from the job's current values (most effective first)."""
     t = job.training
     tips = []
     if t.batch_size > 1:
-        acc = job.accumulation_steps * 2
-        tips.append(f"set training.batch_size={t.batch_size // 2} and training.gradient_accumulation_steps={acc} (same global batch)")
+        half = t.batch_size // 2
+        if t.global_batch_size is not None:
+            tips.append(f"set training.batch_size={half} (training.global_batch_size={t.global_batch_size} stays; accumulation doubles)")
+        else:
+            tips.append(f"set training.batch_size={half} and training.gradient_accumulation_steps={job.accumulation_steps * 2} (same global batch)")
     if not t.gradient_checkpointing:
         tips.append("set training.gradient_checkpointing=true")
     if t.max_seq_length > 256:
         tips.append(f"shorten training.max_seq_length (now {t.max_seq_length}), e.g. to {t.max_seq_length // 2}")
     if job.method.type in ("full", "lora", "dora"):
         tips.append("switch method.type to qlora (4-bit base model)")
+    if job.method.type != "full" and job.method.lora.modules_to_save:
+        tips.append(f"drop method.lora.modules_to_save ({', '.join(job.method.lora.modules_to_save)}: trained in full)")
+    if job.method.type != "full" and job.method.lora.r > 16:
+        tips.append(f"lower method.lora.r (now {job.method.lora.r})")
     return "; ".join(tips) or "use a machine with more memory"
 
 
 # --- outputs ---------------------------------------------------------------------------------
 def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir) -> None:
+    """adapter/ (PEFT: adapter_config.json + adapter_model.safetensors) or model/, with the tokenizer."""
     target = run.path / (C.MODEL_DIR if job.method.type == "full" else C.ADAPTER_DIR)
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -299,98 +300,11 @@ def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir) -> No
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     run.emit(make_event("stage", f"saved {target.name}/", stage=C.STAGE_PUBLISH, path=str(target)))
-
-
-# --- progress --------------------------------------------------------------------------------
-def _callback_base():
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class _ProgressCallback(_callback_base()):  # type: ignore[misc]
-    """Turns trainer logs into kubetune events; marks checkpoints complete; stops on NaN loss."""
-
-    def __init__(self, run: RunDir, job: TuneJob, device: dict, *, emit: bool, sync: Any = None) -> None:
-        self.run, self.job, self.device, self.emit, self.sync = run, job, device, emit, sync
-        self.t0 = None
-        self.step0 = 0
-        self.tokens_at_start = 0
-        self.train_seconds = 0.0
-        self.losses: list[dict] = []
-        self.peak_memory_mb: float | None = None
-        self.stop_reason: str | None = None
-        self._zero_grad_steps = 0
-
-    def on_train_begin(self, args, state, control, **kw):
-        self.t0 = time.time()
-        self.step0 = state.global_step
-        self.tokens_at_start = int(state.num_input_tokens_seen or 0)
-        if self.emit:
-            self.run.emit(
-                make_event("metrics", f"training {state.max_steps} steps", step=state.global_step, total_steps=state.max_steps)
+    if job.method.type != "full" and job.method.lora.modules_to_save:
+        run.emit(
+            make_event(
+                "warning",
+                f"adapter/ holds full copies of {', '.join(job.method.lora.modules_to_save)} (method.lora.modules_to_save): "
+                "bigger than a plain LoRA adapter and not loadable as a LoRA adapter by vLLM; serve merged/ (output.merge) instead",
             )
-
-    def on_log(self, args, state, control, logs=None, **kw):
-        logs = logs or {}
-        now = time.time()
-        self.train_seconds = now - (self.t0 or now)
-        step, total = state.global_step, state.max_steps
-        if "loss" in logs:
-            loss = float(logs["loss"])
-            done = step - self.step0
-            eta = (self.train_seconds / done) * (total - step) if done > 0 else None
-            tokens = int(state.num_input_tokens_seen or 0) - self.tokens_at_start
-            tps = tokens / self.train_seconds if self.train_seconds > 0 else None
-            self.peak_memory_mb = _peak_memory_mb(self.device)
-            grad_norm = logs.get("grad_norm")
-            rec = dict(
-                step=step,
-                total_steps=total,
-                epoch=round(state.epoch or 0, 3),
-                loss=loss,
-                learning_rate=logs.get("learning_rate"),
-                grad_norm=float(grad_norm) if grad_norm is not None else None,
-                tokens_per_second=round(tps, 1) if tps else None,
-                eta_seconds=round(eta, 1) if eta is not None else None,
-                peak_memory_mb=self.peak_memory_mb,
-            )
-            self.losses.append({"step": step, "loss": loss})
-            if self.emit:
-                self.run.emit(make_event("metrics", f"step {step}/{total} loss={loss:.4f}", **rec))
-                print(f"[kubetune] step {step}/{total} loss={loss:.4f} lr={rec['learning_rate'] or 0:.3g} tokens/s={rec['tokens_per_second']} eta={rec['eta_seconds']}s", flush=True)
-            if math.isnan(loss) or math.isinf(loss):
-                self.stop_reason = f"loss became {loss} at step {step}"
-                control.should_training_stop = True
-            if grad_norm is not None and float(grad_norm) == 0.0:
-                self._zero_grad_steps += 1
-                if self._zero_grad_steps == 5 and self.emit:
-                    self.run.emit(make_event("warning", "grad norm has been 0 for 5 logged steps: nothing is learning (check the loss mask and learning rate)"))
-            else:
-                self._zero_grad_steps = 0
-        if "eval_loss" in logs and self.emit:
-            self.run.emit(make_event("metrics", f"eval_loss={logs['eval_loss']:.4f}", step=step, total_steps=total, eval_loss=logs["eval_loss"]))
-
-    def on_save(self, args, state, control, **kw):
-        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if self.emit and ckpt.is_dir():
-            import json
-
-            marker = {"step": state.global_step, "fingerprint": checkpoint_fingerprint(self.job), "time": time.time()}
-            (ckpt / C.CHECKPOINT_COMPLETE).write_text(json.dumps(marker), encoding="utf-8")
-            self.run.emit(make_event("checkpoint", f"saved {ckpt.name}", path=str(ckpt), step=state.global_step))
-            if self.sync is not None:
-                self.sync.checkpoint_saved(ckpt)
-
-
-def _peak_memory_mb(device: dict) -> float | None:
-    if device["type"] == "cuda":
-        import torch
-
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    try:
-        import resource
-
-        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
-    except Exception:  # pragma: no cover - not on Linux
-        return None
+        )
