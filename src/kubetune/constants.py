@@ -142,3 +142,19 @@ TRIAL_INTERRUPTED = "interrupted"  # sweep-level trial state: the sweep stopped 
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # CPU threads of one local trial (cores shared between parallel trials)
 ENV_MKL_NUM_THREADS = "MKL_NUM_THREADS"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # the accelerators one local trial may use (honoured by ROCm too)
+
+# --- serving (kubetune serve, kubetune render-serve) ---
+ENV_SERVE_API_KEY = "KUBETUNE_API_KEY"  # the server's bearer key (keeps it out of `ps`); also what `kubetune chat URL` sends
+SERVE_HOST = "127.0.0.1"  # default bind: loopback; exposing the server is a deliberate --host choice
+SERVE_PORT = 8000  # the port vLLM and most OpenAI-compatible servers use
+SERVE_BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
+SERVE_METRIC_PREFIX = "kubetune_serve"  # Prometheus metric names start with this
+SERVE_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"  # the vLLM OpenAI server image of rendered Deployments
+SERVE_VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # `python -m` entry point of vLLM's server (every version)
+SERVE_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for --max-lora-rank
+SERVE_MODELS_DIR = "/models"  # in the serving pod: the fetched base model and adapters
+SERVE_BASE_DIR = f"{SERVE_MODELS_DIR}/base"  # the base (or merged/full) model inside the serving pod
+SERVE_ADAPTERS_DIR = f"{SERVE_MODELS_DIR}/adapters"  # one sub-folder per adapter inside the serving pod
+SERVE_CONTAINER = "vllm"  # main container of the serving Deployment
+LABEL_COMPONENT = "app.kubernetes.io/component"  # "serve" on serving objects, so they never match a training job's pods
+COMPONENT_SERVE = "serve"
