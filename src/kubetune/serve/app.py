@@ -1,0 +1,458 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes in front of the transformers engine.
+
+This module imports FastAPI at the top (its route annotations need the real types); nothing imports it
+until a server is built, so the CLI stays light.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON or SSE
+streaming), ``GET /health``, ``GET /metrics``. Every error is OpenAI's body
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .engine import EngineOutput, EngineRequest, LoadedModels, SamplingParams, load_engine
+from .metrics import ServeMetrics
+from .options import ServeOptions
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    error_body,
+    new_id,
+    now,
+    param_path,
+)
+from .sources import ServePlan
+
+__all__ = ["create_app", "run_server"]
+
+log = logging.getLogger("kubetune.serve")
+
+# Metric label of each endpoint (anything else is "other": unknown paths must not grow the label set).
+_ENDPOINTS = {"/v1/models": "models", "/v1/chat/completions": "chat", "/v1/completions": "completions", "/health": "health", "/metrics": "metrics"}
+
+
+def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels | None = None) -> Any:
+    """The FastAPI app serving ``plan`` (loads the model unless ``loaded`` is given).
+
+    The engine thread starts with the app (its lifespan) and stops with it.
+    """
+    metrics = ServeMetrics()
+    loaded = loaded or load_engine(plan, options)
+    loaded.engine.on_step = metrics.on_step
+    metrics.bind(running=lambda: loaded.engine.running, waiting=lambda: loaded.engine.waiting)
+    server = _Server(plan, options, loaded, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        loaded.engine.start()
+        try:
+            yield
+        finally:
+            loaded.engine.shutdown()
+
+    app = FastAPI(title="kubetune", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    # -- errors: always OpenAI's body ------------------------------------------------------------
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError):
+        return JSONResponse(_validation_body(e.errors()), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException):
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return JSONResponse(error_body(message, code=str(e.status_code)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, e: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", type="server_error"), status_code=500)
+
+    app.add_middleware(_Gate, api_key=options.api_key, metrics=metrics)
+
+    # -- routes -----------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if not loaded.engine.alive:
+            return JSONResponse({"status": "error", "message": "the engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [server.model_card(m) for m in plan.model_ids]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        return server.model_card(server.check_model(model_id))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        job = server.chat_job(body)
+        request.state.model = job.model
+        if body.stream:
+            return StreamingResponse(server.stream(job, chat=True), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return await server.collect(job, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        job = server.completion_job(body)
+        request.state.model = job.model
+        if body.stream:
+            return StreamingResponse(server.stream(job, chat=False), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return await server.collect(job, chat=False)
+
+    return app
+
+
+def run_server(plan: ServePlan, options: ServeOptions) -> None:
+    """Load the model and serve until interrupted (uvicorn)."""
+    import uvicorn
+
+    app = create_app(plan, options)
+    where = f"http://{_url_host(options.host)}:{options.port}/v1"
+    print(f"serving {', '.join(plan.model_ids)} at {where}" + (" (API key required)" if options.api_key else ""), flush=True)
+    uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _Gate:
+    """ASGI middleware: the API key check on /v1/*, and the request counter (endpoint, model, status)."""
+
+    def __init__(self, app: Any, *, api_key: str | None, metrics: ServeMetrics) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = _ENDPOINTS.get(path, "other")
+        if self.api_key and path.startswith("/v1"):
+            headers = dict(scope.get("headers") or [])
+            auth = headers.get(b"authorization")
+            problem = _check_key(auth.decode("latin-1") if auth else None, self.api_key)
+            if problem:
+                self.metrics.observe_request(endpoint, "", 401)
+                response = JSONResponse(error_body(problem, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        status = 500
+
+        async def send_and_note(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            model = (scope.get("state") or {}).get("model", "")
+            self.metrics.observe_request(endpoint, model, status)
+
+
+class _Job:
+    """One API request as engine requests: the prompts, how each is sampled, how choices are labelled."""
+
+    def __init__(self, model: str, endpoint: str, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None, *, n: int, include_usage: bool, echo: list[str] | None = None) -> None:
+        self.model = model
+        self.endpoint = endpoint
+        self.prompts = prompts  # one per choice
+        self.params = params  # one per choice
+        self.adapter = adapter
+        self.n = n
+        self.include_usage = include_usage
+        self.echo = echo  # completions with echo: the prompt text of each choice
+        self.started = time.monotonic()
+        self.id = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
+        self.created = now()
+
+    @property
+    def prompt_tokens(self) -> int:
+        # n choices of one prompt count the prompt once, like OpenAI's usage
+        return sum(len(p) for p in self.prompts[:: self.n])
+
+
+class _Server:
+    """Turns validated requests into engine requests and engine outputs into responses."""
+
+    def __init__(self, plan: ServePlan, options: ServeOptions, loaded: LoadedModels, metrics: ServeMetrics) -> None:
+        self.plan = plan
+        self.options = options
+        self.loaded = loaded
+        self.metrics = metrics
+        self.created = now()
+
+    # -- models -----------------------------------------------------------------------------------
+    def check_model(self, model: str) -> str:
+        if model not in self.plan.model_ids:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist. Available models: {', '.join(self.plan.model_ids)}",
+                param="model",
+                code="model_not_found",
+            )
+        return model
+
+    def model_card(self, model: str) -> dict:
+        adapter = self.plan.adapter_for(model)
+        return {
+            "id": model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "kubetune",
+            "root": adapter.uri if adapter else (self.plan.base_uri or str(self.plan.model_dir)),
+            "parent": self.plan.model_name if adapter else None,
+            "max_model_len": self.loaded.context_length,
+        }
+
+    # -- requests -> engine jobs --------------------------------------------------------------------
+    def chat_job(self, body: ChatCompletionRequest) -> _Job:
+        model = self.check_model(body.model)
+        _refuse_unsupported(body.unsupported())
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        tok = self.loaded.chat_tokenizers.get(model, self.loaded.tokenizer)
+        if not getattr(tok, "chat_template", None):
+            raise APIError(400, f"the model `{model}` has no chat template; use /v1/completions with a plain prompt", param="messages")
+        try:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        except Exception as e:  # the template itself refuses (e.g. roles must alternate)
+            raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
+        params = self._params(body, len(ids), prompt_field="messages")
+        return _Job(model, "chat", [list(ids)] * body.n, params, self._adapter(model), n=body.n, include_usage=body.include_usage())
+
+    def completion_job(self, body: CompletionRequest) -> _Job:
+        model = self.check_model(body.model)
+        _refuse_unsupported(body.unsupported())
+        tok = self.loaded.tokenizer
+        prompts: list[list[int]] = []
+        texts: list[str] = []
+        for i, p in enumerate(body.prompts()):
+            where = "prompt" if isinstance(body.prompt, str) or _is_token_list(body.prompt) else f"prompt[{i}]"
+            if isinstance(p, str):
+                ids = list(tok(p)["input_ids"])
+                texts.append(p)
+            else:
+                bad = [t for t in p if not 0 <= t < len(tok)]
+                if bad:
+                    raise APIError(400, f"{where}: token id {bad[0]} is outside the vocabulary (0..{len(tok) - 1})", param=where)
+                ids = list(p)
+                texts.append(tok.decode(ids))
+            if not ids:
+                raise APIError(400, f"{where}: the prompt is empty", param=where)
+            prompts.append(ids)
+        if not prompts:
+            raise APIError(400, "prompt: no prompt given", param="prompt")
+        params: list[SamplingParams] = []
+        for ids in prompts:
+            params += self._params(body, len(ids), prompt_field="prompt")
+        choices = [ids for ids in prompts for _ in range(body.n)]
+        echo = [t for t in texts for _ in range(body.n)] if body.echo else None
+        return _Job(model, "completions", choices, params, self._adapter(model), n=body.n, include_usage=body.include_usage(), echo=echo)
+
+    def _adapter(self, model: str) -> str | None:
+        adapter = self.plan.adapter_for(model)
+        return adapter.name if adapter else None
+
+    def _params(self, body: Any, prompt_len: int, *, prompt_field: str) -> list[SamplingParams]:
+        ctx = self.loaded.context_length
+        limit = body.limit()
+        if prompt_len >= ctx or (limit is not None and prompt_len + limit > ctx):
+            wanted = prompt_len + (limit or 0)
+            where = "max_tokens" if limit is not None and limit >= ctx else prompt_field
+            raise APIError(
+                400,
+                f"This model's maximum context length is {ctx} tokens. However, you requested {wanted} tokens "
+                f"({prompt_len} in the {prompt_field}, {limit or 0} in the completion). "
+                f"Please reduce the length of the {prompt_field} or max_tokens.",
+                param=where,
+                code="context_length_exceeded",
+            )
+        max_tokens = limit if limit is not None else min(self.options.default_max_tokens, ctx - prompt_len)
+        temperature = self.loaded.default_temperature if body.temperature is None else body.temperature
+        top_p = self.loaded.default_top_p if body.top_p is None else body.top_p
+        return [
+            SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=None if body.seed is None else body.seed + i,
+                stop=body.stop_list(),
+            )
+            for i in range(body.n)
+        ]
+
+    # -- engine outputs -> responses ----------------------------------------------------------------
+    def _submit(self, job: _Job) -> tuple[asyncio.Queue, list[EngineRequest]]:
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+
+        def sink(index: int):
+            def put(out: EngineOutput) -> None:
+                try:
+                    loop.call_soon_threadsafe(outputs.put_nowait, (index, out))
+                except RuntimeError:  # the event loop is gone (shutdown)
+                    pass
+
+            return put
+
+        requests = [EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter) for i, (ids, p) in enumerate(zip(job.prompts, job.params))]
+        for r in requests:
+            self.loaded.engine.submit(r)
+        return outputs, requests
+
+    async def collect(self, job: _Job, *, chat: bool) -> dict:
+        outputs, requests = self._submit(job)
+        texts = [""] * len(requests)
+        reasons: list[str | None] = [None] * len(requests)
+        tokens = [0] * len(requests)
+        first = None
+        try:
+            while any(r is None for r in reasons):
+                i, out = await outputs.get()
+                first = first or time.monotonic()
+                texts[i] += out.text
+                tokens[i] = out.completion_tokens
+                if out.finish_reason:
+                    reasons[i] = out.finish_reason
+                    if out.finish_reason == "error":
+                        raise APIError(500, f"generation failed: {out.error}", type="server_error")
+        finally:
+            for r in requests:
+                r.cancel()  # no-op for finished ones; stops the rest when this request fails or is abandoned
+        self._observe(job, first, sum(tokens))
+        if job.echo:
+            texts = [e + t for e, t in zip(job.echo, texts)]
+        choices = list(zip(texts, reasons))
+        build = chat_response if chat else completion_response
+        return build(job.id, job.model, job.created, choices, job.prompt_tokens, sum(tokens))  # type: ignore[arg-type]
+
+    async def stream(self, job: _Job, *, chat: bool) -> AsyncIterator[str]:
+        outputs, requests = self._submit(job)
+        tokens = [0] * len(requests)
+        done = [False] * len(requests)
+        first = None
+        try:
+            for i in range(len(requests)):
+                if chat:
+                    yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta={"role": "assistant", "content": ""}))
+                elif job.echo:
+                    yield _sse(completion_chunk(job.id, job.model, job.created, index=i, text=job.echo[i]))
+            while not all(done):
+                i, out = await outputs.get()
+                first = first or time.monotonic()
+                tokens[i] = out.completion_tokens
+                if out.finish_reason == "error":
+                    yield _sse(error_body(f"generation failed: {out.error}", type="server_error"))
+                    return
+                if out.text:
+                    if chat:
+                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta={"content": out.text}))
+                    else:
+                        yield _sse(completion_chunk(job.id, job.model, job.created, index=i, text=out.text))
+                if out.finish_reason:
+                    done[i] = True
+                    if chat:
+                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, finish_reason=out.finish_reason))
+                    else:
+                        yield _sse(completion_chunk(job.id, job.model, job.created, index=i, finish_reason=out.finish_reason))
+            self._observe(job, first, sum(tokens))
+            if job.include_usage:
+                build = chat_chunk if chat else completion_chunk
+                yield _sse(build(job.id, job.model, job.created, usage=(job.prompt_tokens, sum(tokens))))
+            yield "data: [DONE]\n\n"
+        finally:
+            for r in requests:
+                r.cancel()  # the client went away: free its rows at the next step
+
+    def _observe(self, job: _Job, first: float | None, completion_tokens: int) -> None:
+        end = time.monotonic()
+        self.metrics.latency.labels(endpoint=job.endpoint).observe(end - job.started)
+        if first is not None:
+            self.metrics.first_token.labels(endpoint=job.endpoint).observe(first - job.started)
+        self.metrics.observe_tokens(job.model, job.prompt_tokens, completion_tokens)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _refuse_unsupported(found: tuple[str, str] | None) -> None:
+    if found:
+        raise APIError(400, found[1], param=found[0], code="unsupported_parameter")
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(x, int) for x in value)
+
+
+def _check_key(header: str | None, key: str) -> str | None:
+    """None when ``header`` carries the key, else the reason."""
+    if not header:
+        return "Missing API key: send the header 'Authorization: Bearer YOUR_KEY'"
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        return "Incorrect API key provided"
+    return None
+
+
+def _validation_body(errors: list) -> dict:
+    """The first validation problem as OpenAI's 400 body; the message lists every problem with its field."""
+    problems = []
+    first_param = None
+    for e in errors:
+        loc = tuple(e.get("loc") or ())
+        if e.get("type") == "json_invalid":
+            problems.append(f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            continue
+        param = param_path(loc)
+        if param is None:
+            problems.append("the request body must be a JSON object" if e.get("type") != "missing" else "the request body is missing")
+            continue
+        first_param = first_param or param
+        msg = "field required" if e.get("type") == "missing" else e.get("msg", "invalid value")
+        problems.append(f"{param}: {msg.removeprefix('Value error, ')}")
+    unique = list(dict.fromkeys(problems))
+    return error_body("; ".join(unique) or "invalid request body", param=first_param)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

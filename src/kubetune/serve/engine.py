@@ -1,0 +1,543 @@
+"""The transformers engine: continuous batching of concurrent requests on one model, CPU or GPU.
+
+One background thread owns the model. It takes waiting requests, prefills them together (left-padded),
+merges them into the running batch's KV cache, and then decodes one token for every running request per
+step. A request leaves the batch as soon as it finishes (EOS/end-of-turn, a stop string, max_tokens, or
+the client went away); the next waiting requests join at the following step, so nobody waits for the
+longest request of a batch. Requests for different LoRA adapters share a batch (PEFT's mixed-adapter
+forward, ``adapter_names``). Sampling is per request: greedy, or temperature/top-p with its own seeded
+generator, so a seeded request gives the same text alone or in a crowd.
+
+Outputs go back through each request's ``on_output`` callback, called on the engine thread with text
+deltas that never split a UTF-8 character or leak the beginning of a stop string.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import constants as C
+
+__all__ = ["SamplingParams", "EngineRequest", "EngineOutput", "TransformersEngine", "load_engine", "LoadedModels"]
+
+log = logging.getLogger("kubetune.serve")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request decodes. temperature 0 is greedy."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """A piece of one request's output.
+
+    Attributes:
+        text: new text since the previous output (may be empty).
+        finish_reason: None while running; stop, length, cancelled or error at the end.
+        completion_tokens: tokens generated so far.
+        error: the reason when finish_reason is error.
+    """
+
+    text: str
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One generation: prompt token ids, the adapter (None: the model itself), sampling, where outputs go."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_output: Callable[[EngineOutput], None]
+    adapter: str | None = None
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Stop generating (the client went away); takes effect at the next decode step."""
+        self.cancelled = True
+
+
+class TransformersEngine:
+    """Continuous batching over a transformers causal LM (optionally a PEFT model with several adapters).
+
+    Args:
+        model: the model, in eval mode, on its device.
+        tokenizer: its tokenizer (decodes outputs).
+        eos_token_ids: tokens that end a reply (EOS and end-of-turn).
+        max_batch_size: most requests decoded together.
+        peft: the model is a PeftModel whose adapters are chosen per row with ``adapter_names``.
+        on_step: called after every forward pass with the number of rows in it (metrics).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        eos_token_ids: set[int],
+        max_batch_size: int = 32,
+        peft: bool = False,
+        on_step: Callable[[int], None] | None = None,
+    ) -> None:
+        import torch
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_batch_size = max_batch_size
+        self.peft = peft
+        self.on_step = on_step
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids, default=0)
+        self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._torch = torch
+        self.running = 0  # requests in the batch now
+        self.max_rows_seen = 0  # the largest batch so far (tests and metrics)
+        self.cancelled_count = 0  # requests dropped because their client went away
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the batching thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kubetune-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Finish the current step, fail what is left, stop the thread."""
+        self._stopping.set()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        """The batching thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted but not yet in the batch."""
+        return self._queue.qsize()
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request; its outputs arrive through ``request.on_output``."""
+        if self._stopping.is_set():
+            request.on_output(EngineOutput("", "error", error="the server is shutting down"))
+            return
+        self._queue.put(request)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        batch: _Batch | None = None
+        while not self._stopping.is_set():
+            new = self._take(self.max_batch_size - (len(batch.rows) if batch else 0), block=batch is None)
+            if new:
+                try:
+                    batch = self._admit(batch, new)
+                except Exception as e:  # a bug or out of memory: fail everyone in flight, keep serving
+                    log.exception("prefill failed")
+                    for r in (batch.rows if batch else []) + [_Row(req, self) for req in new]:
+                        r.fail(f"{type(e).__name__}: {e}")
+                    batch = None
+            if batch is not None:
+                try:
+                    batch = self._decode(batch)
+                except Exception as e:
+                    log.exception("decode step failed")
+                    for r in batch.rows:
+                        r.fail(f"{type(e).__name__}: {e}")
+                    batch = None
+            self.running = len(batch.rows) if batch else 0
+        for r in batch.rows if batch else []:
+            r.fail("the server is shutting down")
+        while True:
+            try:
+                req = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if req is not None:
+                req.on_output(EngineOutput("", "error", error="the server is shutting down"))
+
+    def _take(self, room: int, *, block: bool) -> list[EngineRequest]:
+        out: list[EngineRequest] = []
+        if room <= 0:
+            return out
+        if block:
+            item = self._queue.get()
+            if item is None:
+                return out
+            out.append(item)
+        while len(out) < room:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                break
+            out.append(item)
+        return [r for r in out if not (r.cancelled and self._drop(r))]
+
+    def _drop(self, req: EngineRequest) -> bool:
+        self.cancelled_count += 1
+        req.on_output(EngineOutput("", "cancelled"))
+        return True
+
+    # -- prefill: new requests join the batch -----------------------------------------------------
+    def _admit(self, batch: "_Batch | None", new: list[EngineRequest]) -> "_Batch | None":
+        torch = self._torch
+        rows = [_Row(req, self) for req in new]
+        width = max(len(r.req.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r.req.prompt_ids)
+            input_ids[i, width - n :] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(input_ids, mask, positions, None, rows, logits_to_keep=1)
+        fresh = _Batch(rows=rows, cache=cache, mask=mask.to(self.device), next_pos=positions[:, -1].to(self.device) + 1)
+        tokens = self._sample(logits[:, -1], rows)
+        keep = [i for i, (r, t) in enumerate(zip(rows, tokens)) if not r.push(t)]
+        fresh = fresh.select(keep) if len(keep) < len(rows) else fresh
+        if batch is None or not batch.rows:
+            return fresh if fresh.rows else None
+        return batch.join(fresh) if fresh.rows else batch
+
+    # -- decode: one token for every running request -------------------------------------------------
+    def _decode(self, batch: "_Batch") -> "_Batch | None":
+        torch = self._torch
+        live = [i for i, r in enumerate(batch.rows) if not (r.req.cancelled and r.cancel())]
+        if len(live) < len(batch.rows):
+            batch = batch.select(live)
+            if not batch.rows:
+                return None
+        input_ids = torch.tensor([[r.last] for r in batch.rows], dtype=torch.long)
+        mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        positions = batch.next_pos[:, None]
+        logits, cache = self._forward(input_ids, mask, positions, batch.cache, batch.rows)
+        batch = _Batch(rows=batch.rows, cache=cache, mask=mask, next_pos=batch.next_pos + 1)
+        tokens = self._sample(logits[:, -1], batch.rows)
+        keep = [i for i, (r, t) in enumerate(zip(batch.rows, tokens)) if not r.push(t)]
+        if len(keep) < len(batch.rows):
+            batch = batch.select(keep)
+        return batch if batch.rows else None
+
+    def _forward(self, input_ids, mask, positions, cache, rows: list["_Row"], **kw):
+        from transformers import DynamicCache
+
+        torch = self._torch
+        with torch.inference_mode(), self._adapters(rows, kw):
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                past_key_values=cache if cache is not None else DynamicCache(),
+                use_cache=True,
+                **kw,
+            )
+        n = len(rows)
+        self.max_rows_seen = max(self.max_rows_seen, n)
+        if self.on_step is not None:
+            self.on_step(n)
+        return out.logits, out.past_key_values
+
+    def _adapters(self, rows: list["_Row"], kw: dict):
+        """Choose the adapters of this forward: one set_adapter when the batch agrees, else per row."""
+        import contextlib
+
+        if not self.peft:
+            return contextlib.nullcontext()
+        names = {r.req.adapter for r in rows}
+        if len(names) > 1:  # PEFT's mixed-adapter batch: each row through its own adapter
+            kw["adapter_names"] = [r.req.adapter or C.SERVE_BASE_ADAPTER for r in rows]
+            return contextlib.nullcontext()
+        (name,) = names
+        if name is None:
+            return self.model.disable_adapter()
+        if self.model.active_adapter != name:
+            self.model.set_adapter(name)
+        return contextlib.nullcontext()
+
+    def _sample(self, logits, rows: list["_Row"]) -> list[int]:
+        torch = self._torch
+        logits = logits.float()
+        tokens = logits.argmax(dim=-1).tolist()
+        for i, r in enumerate(rows):
+            p = r.req.params
+            if p.temperature <= 0:
+                continue
+            scores = logits[i] / p.temperature
+            if p.top_p < 1.0:
+                sorted_scores, order = torch.sort(scores, descending=True)
+                probs = torch.softmax(sorted_scores, dim=-1)
+                drop = probs.cumsum(-1) - probs > p.top_p  # keep the smallest set reaching top_p (at least one)
+                scores = scores.clone()
+                scores[order[drop]] = float("-inf")
+            probs = torch.softmax(scores, dim=-1).cpu()
+            tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+        return tokens
+
+
+# --- per-request state ---------------------------------------------------------------------------
+class _Row:
+    """One request in the batch: generated tokens, the text already sent, its sampler."""
+
+    def __init__(self, req: EngineRequest, engine: TransformersEngine) -> None:
+        self.req = req
+        self.engine = engine
+        self.tokens: list[int] = []
+        self.sent = 0  # characters of the decoded text already delivered
+        self.last = 0
+        self.generator = None
+        if req.params.temperature > 0:
+            import torch
+
+            self.generator = torch.Generator()
+            if req.params.seed is not None:
+                self.generator.manual_seed(req.params.seed)
+            else:
+                self.generator.seed()
+
+    def push(self, token: int) -> bool:
+        """Add a generated token and deliver new text; True when the request is finished."""
+        p = self.req.params
+        self.last = token
+        if token in self.engine.eos_token_ids:
+            self._finish("stop", count=len(self.tokens) + 1)
+            return True
+        self.tokens.append(token)
+        text = self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if p.stop:
+            cut = _find_stop(text, p.stop, start=max(0, self.sent - max(map(len, p.stop))))
+            if cut is not None:
+                self._deliver(text[:cut], "stop")
+                return True
+        if len(self.tokens) >= p.max_tokens:
+            self._deliver(text, "length")
+            return True
+        safe = len(text) - _holdback(text, p.stop)
+        if safe > self.sent:
+            self.req.on_output(EngineOutput(text[self.sent : safe], None, len(self.tokens)))
+            self.sent = safe
+        return False
+
+    def _finish(self, reason: str, *, count: int) -> None:
+        text = self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True) if self.tokens else ""
+        self.req.on_output(EngineOutput(text[self.sent :], reason, count))
+
+    def _deliver(self, text: str, reason: str) -> None:
+        self.req.on_output(EngineOutput(text[self.sent :], reason, len(self.tokens)))
+
+    def cancel(self) -> bool:
+        self.engine.cancelled_count += 1
+        self.req.on_output(EngineOutput("", "cancelled", len(self.tokens)))
+        return True
+
+    def fail(self, message: str) -> None:
+        self.req.on_output(EngineOutput("", "error", len(self.tokens), error=message))
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
+    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None
+
+
+def _holdback(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of ``text`` not to send yet: a partial UTF-8 character or a stop string's start."""
+    n = 0
+    while n < min(3, len(text)) and text[len(text) - 1 - n] == "\ufffd":
+        n += 1
+    if n:
+        return n
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+# --- the batch and its KV cache --------------------------------------------------------------------
+@dataclass
+class _Batch:
+    """Running rows, their left-padded attention mask, next positions, and their KV cache."""
+
+    rows: list[_Row]
+    cache: Any  # a transformers DynamicCache: per layer, keys and values of shape (batch, heads, length, dim)
+    mask: Any  # (batch, length): 1 for real tokens
+    next_pos: Any  # (batch,): position id of each row's next token
+
+    def select(self, keep: list[int]) -> "_Batch":
+        """Only the rows at ``keep``; columns that are padding in every remaining row are dropped."""
+        import torch
+
+        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        mask = self.mask.index_select(0, idx)
+        rows = [self.rows[i] for i in keep]
+        if not rows:
+            return _Batch(rows=[], cache=None, mask=mask, next_pos=self.next_pos[:0])
+        first = int(mask.any(dim=0).int().argmax())  # first column some row still uses
+        cache = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in _layers(self.cache)]
+        return _Batch(rows=rows, cache=_cache_from(cache), mask=mask[:, first:], next_pos=self.next_pos.index_select(0, idx))
+
+    def join(self, other: "_Batch") -> "_Batch":
+        """This batch and ``other`` as one: the shorter cache is left-padded to the longer one."""
+        import torch
+
+        a, b = self.mask.shape[1], other.mask.shape[1]
+        width = max(a, b)
+
+        def pad(t, n: int):
+            if n == 0:
+                return t
+            shape = list(t.shape)
+            shape[-2 if t.dim() == 4 else -1] = n
+            return torch.cat([t.new_zeros(shape), t], dim=-2 if t.dim() == 4 else -1)
+
+        cache = [
+            (torch.cat([pad(k1, width - a), pad(k2, width - b)]), torch.cat([pad(v1, width - a), pad(v2, width - b)]))
+            for (k1, v1), (k2, v2) in zip(_layers(self.cache), _layers(other.cache))
+        ]
+        mask = torch.cat([pad(self.mask, width - a), pad(other.mask, width - b)])
+        return _Batch(rows=self.rows + other.rows, cache=_cache_from(cache), mask=mask, next_pos=torch.cat([self.next_pos, other.next_pos]))
+
+
+def _layers(cache: Any) -> list[tuple[Any, Any]]:
+    """A transformers cache as (keys, values) per layer."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in zip(cache.key_cache, cache.value_cache)]  # transformers < 4.56
+
+
+def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(layers)
+
+
+# --- loading ---------------------------------------------------------------------------------------
+@dataclass
+class LoadedModels:
+    """What the server needs from a loaded plan: the engine, the tokenizer, chat templates per model id."""
+
+    engine: TransformersEngine
+    tokenizer: Any
+    chat_tokenizers: dict[str, Any]  # model id -> tokenizer whose chat template renders its prompts
+    context_length: int
+    default_temperature: float
+    default_top_p: float
+
+
+def load_engine(plan: Any, options: Any, *, on_step: Callable[[int], None] | None = None) -> LoadedModels:
+    """Load the plan's model (and its adapters, as one PEFT model) and build a started-later engine.
+
+    Args:
+        plan: a :class:`~kubetune.serve.sources.ServePlan`.
+        options: the :class:`~kubetune.serve.options.ServeOptions`.
+        on_step: metrics hook called with the rows of every forward pass.
+
+    Raises:
+        SourceError: the model or an adapter cannot be loaded.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from ..errors import SourceError
+
+    hf_logging.disable_progress_bar()
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if options.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dtype = getattr(torch, options.dtype)
+    trust = plan.trust_remote_code
+    try:
+        model = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=dtype, trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(plan.model_dir, trust_remote_code=trust)
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{plan.source}: cannot load the model from {plan.model_dir}: {e}") from None
+    chat_tokenizers = {plan.model_name: tokenizer}
+    if plan.adapters:
+        from peft import PeftModel
+
+        first, *rest = plan.adapters
+        try:
+            model = PeftModel.from_pretrained(model, first.path, adapter_name=first.name)
+            for a in rest:
+                model.load_adapter(a.path, adapter_name=a.name)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            raise SourceError(f"cannot load adapter onto {plan.model_name}: {e}", hint="an adapter must be trained on the served base model") from None
+        for a in plan.adapters:
+            chat_tokenizers[a.name] = _adapter_tokenizer(a.path, tokenizer, trust)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = model.to(device).eval()
+    gen = getattr(model, "generation_config", None)
+    eos = _eos_ids(tokenizer, gen)
+    context = int(getattr(_base_config(model), "max_position_embeddings", 0) or 0) or 2048
+    if options.max_model_len:
+        context = min(context, options.max_model_len)
+    sampled = bool(getattr(gen, "do_sample", False))
+    engine = TransformersEngine(model, tokenizer, eos_token_ids=eos, max_batch_size=options.max_batch_size, peft=bool(plan.adapters), on_step=on_step)
+    return LoadedModels(
+        engine=engine,
+        tokenizer=tokenizer,
+        chat_tokenizers=chat_tokenizers,
+        context_length=context,
+        default_temperature=float(getattr(gen, "temperature", 1.0) or 1.0) if sampled else 0.0,
+        default_top_p=float(getattr(gen, "top_p", 1.0) or 1.0) if sampled else 1.0,
+    )
+
+
+def _base_config(model: Any) -> Any:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.config
+
+
+def _adapter_tokenizer(path, fallback: Any, trust: bool) -> Any:
+    """kubetune saves the tokenizer (with the chat template used in training) next to each adapter."""
+    if not (path / "tokenizer_config.json").is_file():
+        return fallback
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    except (OSError, ValueError):
+        return fallback
+
+
+# End-of-turn markers of common chat templates: a reply ends at any of them, even when the model's
+# config names only the end-of-text token as EOS.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|end_of_text|>")
+
+
+def _eos_ids(tokenizer: Any, gen: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
+    return ids

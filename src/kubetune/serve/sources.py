@@ -1,0 +1,231 @@
+"""What ``kubetune serve SOURCE --adapter NAME=URI`` serves: local directories and the ids clients send.
+
+SOURCE is a run directory (its merged/ or model/, else its base model plus adapter/), a model
+directory, or a model URI (fetched; a fetched run layout, e.g. an ``output.uri`` prefix on S3, is read
+like a run directory). Every ``--adapter`` is a run directory, an adapter directory or a URI of one.
+Both engines read the same :class:`ServePlan`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import constants as C
+from ..errors import SourceError, SpecError
+from .options import check_model_name
+
+__all__ = ["ServePlan", "ServedAdapter", "resolve_sources", "model_name_from_uri"]
+
+log = logging.getLogger("kubetune.serve")
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    """A LoRA adapter served next to the base model.
+
+    Attributes:
+        name: the id clients send as ``model``.
+        path: the local adapter directory (adapter_config.json, adapter weights).
+        uri: what the user named.
+        base_model: the base model URI the adapter was trained on, when a run records it.
+        rank: the adapter's LoRA rank (vLLM needs the largest one up front).
+        peft_type: PEFT's adapter type (LORA, ...).
+        use_dora: a DoRA adapter (LoRA type, weight-decomposed).
+    """
+
+    name: str
+    path: Path
+    uri: str
+    base_model: str | None = None
+    rank: int | None = None
+    peft_type: str | None = None
+    use_dora: bool = False
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything an engine needs to load, and the names it answers to.
+
+    Attributes:
+        source: SOURCE as the user gave it.
+        model_dir: the model loaded into memory (a base, full fine-tune or merged model).
+        model_name: the id of ``model_dir`` itself (no adapter).
+        adapters: adapters served on top of ``model_dir``, in the order given (a LoRA run's own first).
+        default_model: the id listed first (a LoRA run's adapter, else ``model_name``).
+        base_uri: the model URI ``model_dir`` came from, when known.
+        trust_remote_code: the run's ``model.trust_remote_code``.
+    """
+
+    source: str
+    model_dir: Path
+    model_name: str
+    adapters: tuple[ServedAdapter, ...] = ()
+    default_model: str = ""
+    base_uri: str | None = None
+    trust_remote_code: bool = False
+
+    @property
+    def model_ids(self) -> list[str]:
+        """Every id clients may send, the default first."""
+        ids = [self.default_model] + [self.model_name] + [a.name for a in self.adapters]
+        return list(dict.fromkeys(ids))
+
+    def adapter_for(self, model_id: str) -> ServedAdapter | None:
+        """The adapter serving ``model_id`` (None: the model itself)."""
+        return next((a for a in self.adapters if a.name == model_id), None)
+
+
+def resolve_sources(source: str | os.PathLike, adapters: dict[str, str] | None = None, *, served_model_name: str | None = None) -> ServePlan:
+    """Find the model and adapter directories to serve (fetching URIs), and name them.
+
+    Args:
+        source: a run directory, a model directory or a model URI.
+        adapters: NAME -> URI of extra LoRA adapters (run directories, adapter directories or URIs).
+        served_model_name: the id of the main model (default: the run's name, or the model's).
+
+    Returns:
+        The :class:`ServePlan`.
+
+    Raises:
+        SourceError: nothing servable at ``source`` or at an adapter URI.
+        SpecError: two models would get the same name.
+    """
+    plan = _resolve_main(str(source), served_model_name)
+    extra = []
+    for name, uri in (adapters or {}).items():
+        extra.append(_resolve_adapter(name, uri))
+    plan = ServePlan(**{**plan.__dict__, "adapters": plan.adapters + tuple(extra)})
+    _check_names(plan)
+    for a in plan.adapters:
+        if a.base_model and plan.base_uri and a.base_model != plan.base_uri:
+            log.warning("adapter %s was trained on %s but the served base model is %s", a.name, a.base_model, plan.base_uri)
+    return plan
+
+
+def model_name_from_uri(uri: str) -> str:
+    """A readable model id for a URI or path: builtin://tiny-chat -> tiny-chat, hf://org/name@rev -> org/name."""
+    text = uri.rstrip("/")
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme == "hf":
+            return rest.split("@", 1)[0]
+        text = rest
+    name = text.rsplit("/", 1)[-1] or "model"
+    for suffix in (".tar.gz", ".tgz", ".tar", ".zip"):
+        name = name.removesuffix(suffix)
+    return name.replace("=", "-").replace(" ", "-") or "model"
+
+
+# --- SOURCE ------------------------------------------------------------------------------------
+def _resolve_main(source: str, served: str | None) -> ServePlan:
+    path = Path(source).expanduser()
+    if not path.exists():
+        if "://" not in source:
+            raise SourceError(f"{source}: no such run directory, model directory or URI", hint="pass a run directory (runs/NAME), a model directory, or a URI such as hf://org/name")
+        from ..worker import materialize
+
+        path = materialize(source)
+    if (path / C.SPEC_FILE).is_file():
+        return _from_run(source, path, served)
+    if (path / "config.json").is_file():
+        return _plan(source, path, served or model_name_from_uri(source), base_uri=source if "://" in source else None)
+    if (path / "adapter_config.json").is_file():
+        raise SourceError(
+            f"{source}: this is an adapter, not a model",
+            hint="serve its base model and add the adapter: kubetune serve BASE --adapter NAME=" + source,
+        )
+    raise SourceError(f"{source}: not a run directory (no {C.SPEC_FILE}) or a model directory (no config.json)")
+
+
+def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
+    from ..spec import load_spec
+
+    job = load_spec(run / C.SPEC_FILE)
+    name = served or job.name
+    for sub in (C.MERGED_DIR, C.MODEL_DIR):
+        if (run / sub / "config.json").is_file():
+            return _plan(source, run / sub, name, trust=job.model.trust_remote_code)
+    if not (run / C.ADAPTER_DIR / "adapter_config.json").is_file():
+        raise SourceError(
+            f"{source}: the run has no trained model yet (no {C.MERGED_DIR}/, {C.MODEL_DIR}/ or {C.ADAPTER_DIR}/)",
+            hint="kubetune status shows whether it finished",
+        )
+    from ..worker import materialize
+
+    base_uri = _with_revision(job.model.source, job.model.revision)
+    base_dir = materialize(base_uri)
+    adapter = _adapter(name, run / C.ADAPTER_DIR, source, base_model=job.model.source)
+    return ServePlan(
+        source=source,
+        model_dir=base_dir,
+        model_name=model_name_from_uri(job.model.source),
+        adapters=(adapter,),
+        default_model=name,
+        base_uri=job.model.source,
+        trust_remote_code=job.model.trust_remote_code,
+    )
+
+
+def _plan(source: str, model_dir: Path, name: str, *, trust: bool = False, base_uri: str | None = None) -> ServePlan:
+    return ServePlan(source=source, model_dir=model_dir, model_name=name, default_model=name, base_uri=base_uri, trust_remote_code=trust)
+
+
+def _with_revision(uri: str, revision: str | None) -> str:
+    if revision and uri.startswith("hf://") and "@" not in uri:
+        return f"{uri}@{revision}"
+    return uri
+
+
+# --- --adapter NAME=URI --------------------------------------------------------------------------
+def _resolve_adapter(name: str, uri: str) -> ServedAdapter:
+    path = Path(uri).expanduser()
+    if not path.exists():
+        if "://" not in uri:
+            raise SourceError(f"--adapter {name}={uri}: no such directory", hint="pass a run directory, an adapter directory or a URI (s3://, oci://, hf://)")
+        from ..worker import materialize
+
+        path = materialize(uri)
+    base_model = None
+    if (path / C.SPEC_FILE).is_file() and (path / C.ADAPTER_DIR).is_dir():
+        from ..spec import load_spec
+
+        base_model = load_spec(path / C.SPEC_FILE).model.source
+    if (path / C.ADAPTER_DIR / "adapter_config.json").is_file():
+        path = path / C.ADAPTER_DIR
+    if not (path / "adapter_config.json").is_file():
+        hint = "a full fine-tune or merged model is served on its own: kubetune serve " + uri if (path / "config.json").is_file() else None
+        raise SourceError(f"--adapter {name}={uri}: no LoRA adapter there (no adapter_config.json)", hint=hint)
+    return _adapter(name, path, uri, base_model=base_model)
+
+
+def _adapter(name: str, path: Path, uri: str, *, base_model: str | None) -> ServedAdapter:
+    try:
+        cfg = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{path / 'adapter_config.json'}: cannot read it ({e})") from None
+    rank = cfg.get("r")
+    return ServedAdapter(
+        name=check_model_name(name, "adapter name"),
+        path=path,
+        uri=uri,
+        base_model=base_model,
+        rank=int(rank) if isinstance(rank, int) else None,
+        peft_type=cfg.get("peft_type"),
+        use_dora=bool(cfg.get("use_dora")),
+    )
+
+
+def _check_names(plan: ServePlan) -> None:
+    check_model_name(plan.model_name)
+    seen = {plan.model_name: "the served model"}
+    for a in plan.adapters:
+        if a.name in seen:
+            raise SpecError(
+                f"model name '{a.name}' is used twice ({seen[a.name]} and adapter {a.uri})",
+                hint="give the adapter another name (--adapter OTHER=URI) or rename the model (--served-model-name)",
+            )
+        seen[a.name] = f"adapter {a.uri}"
