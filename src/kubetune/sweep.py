@@ -95,6 +95,9 @@ def run_sweep(
     sweep_id = sweep_id_for(job, run_id)
     directory = sweep_dir_for(job, sweep_id)
     plan = [(values, trial_spec(job, sweep_id, values, directory)) for values in plan_values(spec)]
+    from .client import Client
+
+    client = Client(backend, **(backend_options or {}))  # an unknown backend fails here, before anything is written
     with sweep_lock(directory) as lock_ok:
         if not lock_ok:
             other = _try_load(directory)
@@ -104,9 +107,6 @@ def run_sweep(
             )
         sweep = _open_sweep(directory, sweep_id, job, spec, backend, plan)
         register(sweep)
-        from .client import Client
-
-        client = Client(backend, **(backend_options or {}))
         with _terminate_as_interrupt():
             try:
                 _drive(sweep, client, job, spec, plan, log)
