@@ -324,3 +324,28 @@ def test_golden(variant, flavor):
             pytest.fail(f"golden file {path.name} is missing; run KUBETUNE_UPDATE_GOLDEN=1 pytest tests/backends/kubernetes")
         path.write_text(text, encoding="utf-8")
     assert text == path.read_text(encoding="utf-8"), f"render changed; if intended: KUBETUNE_UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+def test_mixed_datasets_are_fetched_and_the_spec_points_at_them(tmp_path):
+    from kubetune.spec import DatasetSpec
+
+    if "mix" not in DatasetSpec.model_fields:
+        pytest.skip("dataset.mix is not part of the spec yet")
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"prompt": "a", "completion": "b"}\n', encoding="utf-8")
+    job = _job("amd-2x4", ["kubernetes.staging_uri=s3://bucket/stage"], dataset={"source": "s3://datasets/main.jsonl", "mix": [{"source": "hf://datasets/org/more"}, {"source": str(extra)}]})
+    for flavor in specs.FLAVORS:
+        validate_all(render(job, flavor))
+    objects = render(job, "job")
+    pod = objects[-1]["spec"]["template"]["spec"]
+    inits = {c["name"]: c["command"] for c in pod["initContainers"]}
+    assert inits["fetch-mix-0"] == ["kubetune", "fetch", "hf://datasets/org/more", f"{C.K8S_WORKSPACE}/mix-0"]
+    assert inits["fetch-mix-1"] == ["kubetune", "fetch", "s3://bucket/stage/tune-demo/mix-1/extra.jsonl", f"{C.K8S_WORKSPACE}/mix-1"]
+    assert not any(a.startswith("dataset.mix") for a in pod["containers"][0]["args"])  # --set cannot address list items
+    spec = yaml.safe_load(objects[0]["data"][C.K8S_SPEC_KEY])
+    assert [m["source"] for m in spec["dataset"]["mix"]] == [f"{C.K8S_WORKSPACE}/mix-0", f"{C.K8S_WORKSPACE}/mix-1"]
+    assert spec["dataset"]["source"] == "s3://datasets/main.jsonl"  # main sources keep their URI; the worker gets --set
+    # several nodes on one PVC: every input, mixed ones too, goes to the pod's own emptyDir
+    shared = _job("amd-2x4", ["kubernetes.workspace.volume=pvc", "kubernetes.workspace.size=1Ti", "kubernetes.workspace.access_modes=[ReadWriteMany]"], dataset={"source": "s3://d/main.jsonl", "mix": [{"source": "s3://d/more.jsonl"}]})
+    mounts = {m["mountPath"]: m["name"] for m in render(shared, "job")[-1]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts[f"{C.K8S_WORKSPACE}/mix-0"] == "inputs"

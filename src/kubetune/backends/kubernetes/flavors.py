@@ -239,8 +239,8 @@ def _trainjob_patch(ctx: RenderContext) -> dict:
     job = ctx.job
     vols, mounts = P.volumes(job), P.volume_mounts(job)
     if job.kubernetes.trainjob.initializers:  # the runtime mounts its initializer volume at /workspace already
-        vols = [v for v in vols if v["name"] != "workspace"]
-        mounts = [m for m in mounts if m["name"] != "workspace"]
+        vols = [v for v in vols if v["name"] not in ("workspace", "inputs")]
+        mounts = [m for m in mounts if m["name"] not in ("workspace", "inputs")]
     container: dict = {"name": C.K8S_TRAINJOB_STEP, "volumeMounts": mounts}
     sc = P.container_security_context(job)
     if sc:

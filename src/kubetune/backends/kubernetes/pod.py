@@ -41,8 +41,19 @@ _QUANTITY_RE = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+
 # Query parameters that carry credentials (presigned URLs, tokens): never rendered.
 _SECRET_QUERY_RE = re.compile(r"signature|token|secret|password|credential|sig$|key", re.I)
 
-# Which spec field is fetched where inside the pod.
-_INPUT_FIELDS = (("model.source", "model", C.K8S_MODEL_DIR), ("dataset.source", "data", C.K8S_DATA_DIR), ("dataset.eval_source", "eval", C.K8S_EVAL_DIR))
+
+
+def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
+    """(spec field, role, directory in the pod, value) of every model and dataset source."""
+    d = job.dataset
+    fields = [
+        ("model.source", "model", C.K8S_MODEL_DIR, job.model.source),
+        ("dataset.source", "data", C.K8S_DATA_DIR, d.source),
+        ("dataset.eval_source", "eval", C.K8S_EVAL_DIR, d.eval_source),
+    ]
+    for i, extra in enumerate(getattr(d, "mix", None) or []):  # more datasets trained together with source
+        fields.append((f"dataset.mix.{i}.source", f"mix-{i}", f"{C.K8S_WORKSPACE}/mix-{i}", extra.source))
+    return fields
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class Input:
         dest: the directory inside the pod, or None when the worker resolves the URI itself (builtin://).
         local: the local path that must be uploaded to ``uri`` first, if any.
         initializer: Kubeflow Trainer's initializer fetches it (trainjob flavour), not kubetune.
+        in_spec: the field is a list item, which ``--set`` cannot address: the spec file in the ConfigMap
+            carries the pod path instead.
     """
 
     field: str
@@ -64,6 +77,7 @@ class Input:
     dest: str | None
     local: str | None = None
     initializer: bool = False
+    in_spec: bool = False
 
 
 def names(job: TuneJob) -> dict[str, str]:
@@ -83,13 +97,12 @@ def cluster_inputs(job: TuneJob) -> list[Input]:
     Raises:
         SpecError: a local path without ``kubernetes.staging_uri``, or a URI that embeds credentials.
     """
-    values = {"model.source": job.model.source, "dataset.source": job.dataset.source, "dataset.eval_source": job.dataset.eval_source}
     out = []
-    for field, role, dest in _INPUT_FIELDS:
-        value = values[field]
+    for field, role, dest, value in _input_fields(job):
         if value is None:
             continue
         _refuse_credentials(field, value)
+        listed = any(part.isdigit() for part in field.split("."))
         if value.startswith(f"{C.BUILTIN_SCHEME}://"):
             out.append(Input(field, role, value, None))
         elif is_local(value):
@@ -99,12 +112,12 @@ def cluster_inputs(job: TuneJob) -> list[Input]:
                     hint="set kubernetes.staging_uri: s3://bucket/prefix (kubetune run uploads it there), "
                     "or use a URI the cluster can fetch (s3://, hf://, https://, oci://)",
                 )
-            out.append(Input(field, role, staged_uri(job, role, value), dest, local=value))
+            out.append(Input(field, role, staged_uri(job, role, value), dest, local=value, in_spec=listed))
         else:
             uri = value
             if field == "model.source" and job.model.revision and value.startswith("hf://") and "@" not in value:
                 uri = f"{value}@{job.model.revision}"
-            out.append(Input(field, role, uri, dest))
+            out.append(Input(field, role, uri, dest, in_spec=listed))
     return out
 
 
@@ -121,7 +134,7 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
     """Arguments of ``kubetune worker`` / ``-m kubetune.worker`` inside the pod."""
     args = ["--spec", C.K8S_SPEC_PATH]
     for inp in inputs:
-        if inp.dest is not None:
+        if inp.dest is not None and not inp.in_spec:
             args += ["--set", f"{inp.field}={inp.dest}"]
             if inp.field == "model.source" and job.model.revision:
                 args += ["--set", "model.revision=null"]  # the revision was fetched; the local copy has none
@@ -297,8 +310,9 @@ def volume_mounts(job: TuneJob, *, main: bool = True) -> list[dict]:
     """Mounts of a container (init containers need no /dev/shm or hugepages)."""
     mounts = [{"name": "spec", "mountPath": C.K8S_SPEC_DIR, "readOnly": True}, {"name": "workspace", "mountPath": C.K8S_WORKSPACE}]
     if _shared_inputs(job):
-        for _, role, dest in _INPUT_FIELDS:
-            mounts.append({"name": "inputs", "mountPath": dest, "subPath": role})
+        for inp in cluster_inputs(job):
+            if inp.dest is not None:
+                mounts.append({"name": "inputs", "mountPath": inp.dest, "subPath": inp.role})
     if main:
         mounts.append({"name": "dshm", "mountPath": C.K8S_SHM_DIR})
         if job.kubernetes.hugepages:

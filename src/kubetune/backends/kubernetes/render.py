@@ -80,12 +80,20 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
 
 
 def cluster_spec(job: TuneJob, flavor: str) -> dict:
-    """The spec the pod reads: local inputs replaced by their staged URIs, the flavour it runs as."""
+    """The spec the pod reads: local inputs replaced by their staged URIs, the flavour it runs as.
+
+    Sources inside lists (``dataset.mix[i].source``), which ``--set`` cannot address, carry their pod
+    directory here instead.
+    """
     data = spec_to_dict(job)
     for inp in P.cluster_inputs(job):
-        if inp.local is not None:
-            section, key = inp.field.split(".")
-            data[section][key] = inp.uri
+        value = inp.dest if inp.in_spec and inp.dest else (inp.uri if inp.local is not None else None)
+        if value is not None:
+            *path, key = [int(p) if p.isdigit() else p for p in inp.field.split(".")]
+            node = data
+            for part in path:
+                node = node[part]
+            node[key] = value
     data["kubernetes"]["flavor"] = flavor
     return data
 
