@@ -250,6 +250,7 @@ def test_unschedulable_names_the_resource_and_queue(double, backend):
     job = double.get(*JOBS, "default", "tune-demo")
     cond = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient amd.com/gpu."}]
     double.add_pod("default", make_pod("tune-demo-0-x", {C.LABEL_JOB: "tune-demo", C.LABEL_FLAVOR: "job"}, main="worker", phase="Pending", conditions=cond, main_state={"waiting": {"reason": "PodInitializing"}}, owner=job))
+    double.set_status(*JOBS, "default", "tune-demo", {"active": 1})  # the Job controller counts waiting pods as active
     st = backend.status(ref)
     assert st.state == C.STATE_PENDING
     assert "no node has enough free amd.com/gpu" in st.reason and "resources.accelerator_type" in st.reason

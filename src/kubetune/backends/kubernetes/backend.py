@@ -123,6 +123,8 @@ class KubernetesBackend:
             raise self._not_found(ref.id, ns) from None
         state, reason = workload_state(obj, flavor)
         events, pods = self._events_and_pods(ref)
+        if state == C.STATE_RUNNING and pods and not any((p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed") for p in pods):
+            state = C.STATE_PENDING  # "active" counts pods that are still waiting for a node or an image
         st = status_from_events(events)
         worker_reason = st.reason if st.state == C.STATE_FAILED else None
         st.state = state
