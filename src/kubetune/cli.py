@@ -261,16 +261,26 @@ def cancel(
 # --- results ---------------------------------------------------------------------------------
 @app.command()
 def chat(
-    source: str = typer.Argument(..., help="A run directory, a model directory or a model URI."),
+    source: str = typer.Argument(
+        f"http://{C.SERVE_HOST}:{C.SERVE_PORT}", help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in this process."
+    ),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Ask once and exit (otherwise interactive)."),
     system: Optional[str] = typer.Option(None, "--system", help="System message."),
     max_new_tokens: int = typer.Option(128, help="Longest reply in tokens."),
     temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
+    model_id: Optional[str] = typer.Option(None, "--model", "-m", help="Server only: the model id (default: the first the server lists)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar=C.ENV_SERVE_API_KEY, help="Server only: bearer key."),
 ) -> None:
-    """Chat with a trained model in this process."""
-    from .inference import load_chat_model
+    """Chat with a trained model: through a server URL, or loaded in this process."""
+    from .serve.chat import RemoteChat, is_url
 
-    model = load_chat_model(source)
+    if is_url(source):
+        model = RemoteChat(source, model=model_id, api_key=api_key)
+        source = model.source
+    else:
+        from .inference import load_chat_model
+
+        model = load_chat_model(source)
     history: list[dict] = [{"role": "system", "content": system}] if system else []
 
     def ask(text: str) -> None:

@@ -4,6 +4,7 @@ live servers on 127.0.0.1 (uvicorn in a thread) that the official ``openai`` cli
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared real servers
+from fixtures_servers import s3, s3_server  # noqa: E402,F401  (moto's S3 server, for s3:// sources)
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"

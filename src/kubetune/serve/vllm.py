@@ -1,0 +1,90 @@
+"""``kubetune serve --engine vllm``: run vLLM's own OpenAI server on the same plan (GPU).
+
+vLLM serves the same endpoints (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/health``,
+``/metrics``) with paged attention and its own continuous batching; kubetune only builds its command
+line from the :class:`~kubetune.serve.sources.ServePlan` (LoRA adapters through ``--enable-lora
+--lora-modules``) and hands over the process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from .. import constants as C
+from ..errors import BackendError, SpecError
+from .deploy import lora_rank_option
+from .options import ServeOptions
+from .sources import ServePlan
+
+__all__ = ["vllm_command", "vllm_env", "run_vllm", "vllm_installed", "require_vllm"]
+
+
+def vllm_installed() -> bool:
+    """vLLM can be imported by this interpreter."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_command(plan: ServePlan, options: ServeOptions, *, python: str | None = None) -> list[str]:
+    """The argv that starts vLLM's OpenAI server for ``plan``.
+
+    The API key is not on the command line (other users see argv): :func:`vllm_env` passes it as
+    ``VLLM_API_KEY``, which vLLM reads.
+
+    Raises:
+        SpecError: an adapter vLLM cannot serve (not LoRA, DoRA, or a rank above vLLM's largest).
+    """
+    cmd = [python or sys.executable, "-m", C.SERVE_VLLM_MODULE]
+    cmd += ["--model", str(plan.model_dir), "--served-model-name", plan.model_name]
+    cmd += ["--host", options.host, "--port", str(options.port)]
+    if plan.trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if options.dtype != "auto":
+        cmd += ["--dtype", options.dtype]
+    if options.max_model_len:
+        cmd += ["--max-model-len", str(options.max_model_len)]
+    cmd += ["--max-num-seqs", str(options.max_batch_size)]
+    if plan.adapters:
+        for a in plan.adapters:
+            if (a.peft_type or "LORA").upper() != "LORA" or a.use_dora:
+                kind = "DoRA" if a.use_dora else a.peft_type
+                raise SpecError(
+                    f"--adapter {a.name}: vLLM serves LoRA adapters, not {kind}",
+                    hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
+                )
+        rank = max((a.rank or 16) for a in plan.adapters)
+        cmd += ["--enable-lora", "--max-loras", str(len(plan.adapters)), "--max-lora-rank", str(lora_rank_option(rank))]
+        cmd += ["--lora-modules", *[f"{a.name}={a.path}" for a in plan.adapters]]
+    cmd += list(options.extra_vllm_args)
+    return cmd
+
+
+def vllm_env(options: ServeOptions, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the vLLM process: this one, plus VLLM_API_KEY when a key is set."""
+    env = dict(os.environ if base is None else base)
+    if options.api_key:
+        env["VLLM_API_KEY"] = options.api_key
+    return env
+
+
+def require_vllm() -> None:
+    """Raise BackendError (with what to do) unless vLLM can be imported."""
+    if not vllm_installed():
+        raise BackendError(
+            "--engine vllm: vLLM is not installed in this Python environment",
+            hint="install it on a Linux machine with an NVIDIA GPU (pip install vllm), "
+            "or leave out --engine to serve with transformers (CPU or GPU); see docs/serving.md",
+        )
+
+
+def run_vllm(plan: ServePlan, options: ServeOptions) -> None:
+    """Replace this process with vLLM's server (it never returns when vLLM starts).
+
+    Raises:
+        BackendError: vLLM is not installed.
+    """
+    require_vllm()
+    cmd = vllm_command(plan, options)
+    print("starting vLLM: " + " ".join(cmd), flush=True)
+    os.execve(cmd[0], cmd, vllm_env(options))

@@ -1,0 +1,89 @@
+"""The commands as a user runs them: `kubetune serve` in its own process, `kubetune chat URL|RUN`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+
+from .conftest import API_KEY, free_port
+
+
+def test_kubetune_serve_process_answers_the_openai_client(artifacts, kubetune_cli, tmp_path):
+    from openai import OpenAI
+
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [*kubetune_cli, "serve", str(artifacts.run), "--adapter", f"beta={artifacts.beta}", "--port", str(port), "--api-key", "k"],
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.3)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["capitals-bot", "tiny-chat", "beta"]
+        r = client.chat.completions.create(model="capitals-bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+        assert r.choices[0].finish_reason == "length"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        log.close()
+    out = (tmp_path / "serve.log").read_text()
+    assert f"serving capitals-bot, tiny-chat, beta at http://127.0.0.1:{port}/v1 (API key required)" in out
+
+
+def test_chat_against_a_server_url(server, kubetune_cli):
+    ask = [{"role": "user", "content": "What is the capital of Peru?"}]
+    want = server.client().chat.completions.create(model="beta", messages=ask, max_tokens=20, temperature=0).choices[0].message.content
+    r = subprocess.run(
+        [*kubetune_cli, "chat", server.url, "--model", "beta", "--prompt", ask[0]["content"], "--max-new-tokens", "20"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"> {ask[0]['content']}\n{want}\n"
+
+
+def test_interactive_chat_keeps_history(server, kubetune_cli):
+    client = server.client()
+    first = client.chat.completions.create(model="capitals-bot", messages=[{"role": "user", "content": "Hello"}], max_tokens=10, temperature=0).choices[0].message.content
+    history = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first}, {"role": "user", "content": "And Kenya?"}]
+    second = client.chat.completions.create(model="capitals-bot", messages=history, max_tokens=10, temperature=0).choices[0].message.content
+    r = subprocess.run(
+        [*kubetune_cli, "chat", server.url + "/v1", "--max-new-tokens", "10"],
+        input="Hello\nAnd Kenya?\n\n", capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"Chatting with capitals-bot at {server.url}/v1" in r.stdout, "the first model the server lists is the default"
+    assert f"> {first}\n> {second}\n> " in r.stdout
+
+
+def test_chat_errors_name_the_problem(keyed_server, kubetune_cli):
+    r = subprocess.run([*kubetune_cli, "chat", keyed_server.url, "-p", "hi"], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "KUBETUNE_API_KEY"})
+    assert r.returncode == 2 and "HTTP 401" in r.stderr and "--api-key" in r.stderr
+    r = subprocess.run([*kubetune_cli, "chat", keyed_server.url, "-p", "hi", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "KUBETUNE_API_KEY": API_KEY})
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([*kubetune_cli, "chat", keyed_server.url, "-p", "hi", "--model", "nope", "--api-key", API_KEY], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "HTTP 404" in r.stderr and "--model" in r.stderr
+    r = subprocess.run([*kubetune_cli, "chat", f"http://127.0.0.1:{free_port()}", "-p", "hi"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot reach" in r.stderr and "kubetune serve" in r.stderr
+
+
+def test_chat_with_a_run_directory_in_process_agrees_with_the_server(artifacts, server, kubetune_cli):
+    want = server.client().chat.completions.create(model="capitals-bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0)
+    r = subprocess.run([*kubetune_cli, "chat", str(artifacts.run), "-p", "Hi", "--max-new-tokens", "8"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"> Hi\n{want.choices[0].message.content}\n"

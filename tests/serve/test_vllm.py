@@ -1,0 +1,94 @@
+"""--engine vllm: the vLLM command line built from a plan, and the message when vLLM is missing.
+
+vLLM needs a GPU and is not installed here; the end-to-end test runs a stand-in named as such: a
+``vllm.entrypoints.openai.api_server`` module that only prints what it was started with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from kubetune.errors import SpecError
+from kubetune.serve.deploy import lora_rank_option
+from kubetune.serve.options import ServeOptions
+from kubetune.serve.sources import resolve_sources
+from kubetune.serve.vllm import vllm_command, vllm_env, vllm_installed
+
+
+def test_command_serves_base_and_every_adapter_with_lora_enabled(artifacts):
+    plan = resolve_sources(str(artifacts.run), {"beta": str(artifacts.beta)})
+    cmd = vllm_command(plan, ServeOptions(port=9001, api_key="secret", max_model_len=1024), python="python3")
+    assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    args = cmd[3:]
+
+    def value(flag):
+        return args[args.index(flag) + 1]
+
+    assert value("--model") == str(artifacts.base)
+    assert value("--served-model-name") == "tiny-chat"
+    assert value("--host") == "127.0.0.1" and value("--port") == "9001"
+    assert value("--max-model-len") == "1024"
+    assert "--enable-lora" in args and value("--max-loras") == "2" and value("--max-lora-rank") == "8"
+    i = args.index("--lora-modules")
+    assert args[i + 1 : i + 3] == [f"capitals-bot={artifacts.run / 'adapter'}", f"beta={artifacts.beta}"]
+    assert "secret" not in " ".join(cmd), "the API key never appears in argv"
+    assert vllm_env(ServeOptions(api_key="secret"), {})["VLLM_API_KEY"] == "secret"
+
+
+def test_plain_model_needs_no_lora_options(artifacts):
+    cmd = vllm_command(resolve_sources("builtin://tiny-chat"), ServeOptions(extra_vllm_args=("--gpu-memory-utilization", "0.8")))
+    assert "--enable-lora" not in cmd and "--lora-modules" not in cmd
+    assert cmd[-2:] == ["--gpu-memory-utilization", "0.8"]
+
+
+def test_adapters_vllm_cannot_serve_are_refused(artifacts, tmp_path):
+    dora = tmp_path / "dora"
+    shutil.copytree(artifacts.alpha, dora)
+    cfg = json.loads((dora / "adapter_config.json").read_text())
+    cfg["use_dora"] = True
+    (dora / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match="not DoRA"):
+        vllm_command(resolve_sources("builtin://tiny-chat", {"d": str(dora)}), ServeOptions())
+
+
+def test_lora_rank_rounds_up_to_what_vllm_accepts():
+    assert [lora_rank_option(r) for r in (1, 8, 9, 16, 24, 300, 512)] == [8, 8, 16, 16, 32, 320, 512]
+    with pytest.raises(SpecError, match="largest"):
+        lora_rank_option(1024)
+
+
+@pytest.mark.skipif(vllm_installed(), reason="vLLM is installed here")
+def test_missing_vllm_is_a_clear_error(kubetune_cli):
+    r = subprocess.run([*kubetune_cli, "serve", "builtin://tiny-chat", "--engine", "vllm"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "vLLM is not installed" in r.stderr and "pip install vllm" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_engine_vllm_starts_vllm_with_the_plan(artifacts, kubetune_cli, tmp_path):
+    """`kubetune serve RUN --engine vllm` replaces itself with vLLM's server (a stand-in that prints its argv)."""
+    fake = tmp_path / "fake-vllm"
+    entry = fake / "vllm" / "entrypoints" / "openai"
+    entry.mkdir(parents=True)
+    for d in (fake / "vllm", fake / "vllm" / "entrypoints", entry):
+        (d / "__init__.py").write_text("")
+    (entry / "api_server.py").write_text(
+        "import json, os, sys\nprint('FAKE-VLLM ' + json.dumps({'argv': sys.argv[1:], 'key': os.environ.get('VLLM_API_KEY')}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [*kubetune_cli, "serve", str(artifacts.run), "--engine", "vllm", "--port", "8123", "--api-key", "k1", "--adapter", f"beta={artifacts.beta}"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stdout.splitlines() if line.startswith("FAKE-VLLM "))
+    seen = json.loads(line.removeprefix("FAKE-VLLM "))
+    assert seen["key"] == "k1"
+    argv = seen["argv"]
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--lora-modules") + 1] == f"capitals-bot={artifacts.run / 'adapter'}"
