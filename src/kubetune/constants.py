@@ -158,3 +158,14 @@ SERVE_ADAPTERS_DIR = f"{SERVE_MODELS_DIR}/adapters"  # one sub-folder per adapte
 SERVE_CONTAINER = "vllm"  # main container of the serving Deployment
 LABEL_COMPONENT = "app.kubernetes.io/component"  # "serve" on serving objects, so they never match a training job's pods
 COMPONENT_SERVE = "serve"
+
+# --- kubeflow pipelines ---
+ENV_KFP_ENDPOINT = "KF_PIPELINES_ENDPOINT"  # KFP API endpoint (the kfp SDK reads it too)
+ENV_KFP_TOKEN = "KUBETUNE_KFP_TOKEN"  # bearer token for the KFP API (e.g. `oc whoami -t` on OpenShift AI)
+ENV_KFP_S3_BUCKET = "KFP_S3_BUCKET"  # bucket where remote runs get local model/dataset files (seed 000's variable)
+KFP_JOBS_DIR = "kfp-jobs"  # under the kubetune home: one JSON file per KFP submission (local and remote)
+KFP_LOCAL_ROOT = "kfp"  # in the run directory: the local runner's pipeline root (every task's KFP artifacts)
+KFP_STAGING_PREFIX = "kubetune-staging"  # under the bucket: <job>/<id>/{model,dataset,eval}/ uploaded inputs
+KFP_API_PREFIX = "/apis/v2beta1"  # the KFP v2 REST API (healthz, experiments, runs)
+KFP_RUN_URL = "{ui}/#/runs/details/{run_id}"  # a run's page in the KFP UI
+KFP_MAIN_CONTAINER = "main"  # the container of a KFP task pod that runs the component

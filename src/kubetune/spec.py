@@ -668,6 +668,69 @@ class SweepSpec(_Section):
         return self
 
 
+# --- kubeflow pipelines ----------------------------------------------------------------------
+class KfpSpec(_Section):
+    """How the job runs as a Kubeflow Pipelines run (kfp backend and `kubetune render --backend kfp`).
+
+    The pods of a remote run also take kubernetes.env, kubernetes.secrets (hf_token, s3, env), node_selector,
+    tolerations, image_pull_secrets, image_pull_policy, labels, annotations, shm_size and
+    active_deadline_seconds from the kubernetes section.
+    """
+
+    mode: Literal["local", "remote"] = Field(
+        "local", description="local: the KFP local runner runs the pipeline on this machine; remote: a run on a KFP server. "
+        "`kubetune run --mode` overrides it."
+    )
+    host: str | None = Field(
+        None, description="KFP API endpoint, e.g. https://ds-pipeline-dspa-team.apps.example.com or http://localhost:8888 "
+        "(default: $KF_PIPELINES_ENDPOINT, else the kubeconfig's cluster through the ml-pipeline service proxy)."
+    )
+    ui_host: str | None = Field(None, description="Base URL of the KFP UI for run links (default: host).")
+    namespace: str | None = Field(None, description="Profile namespace of a multi-user KFP (default: the client's context).")
+    experiment: str = Field("kubetune", description="Experiment the runs are filed under (created when missing).")
+    token_from_kubeconfig: bool = Field(
+        False, description="Send the kubeconfig's bearer token (e.g. after `oc login`) when $KUBETUNE_KFP_TOKEN is not set."
+    )
+    kube_context: str | None = Field(None, description="kubeconfig context for kube credentials and pod logs (default: current).")
+    verify_ssl: bool = Field(True, description="Verify the KFP API's TLS certificate.")
+    base_image: str | None = Field(
+        None, description="Image of every component (default: kubernetes.image, else the kubetune image of this version; "
+        "its -cuda tag for nvidia.com accelerators)."
+    )
+    package: str | None = Field(
+        None, description="pip requirement installed when each component starts, e.g. kubetune==0.1.0 or "
+        "'kubetune @ git+https://github.com/ORG/kubetune@main'; '' installs nothing (default: nothing with the kubetune "
+        "image, kubetune==<this version> with any other image)."
+    )
+    pip_index_urls: list[str] = Field(default_factory=list, description="Package indexes for kfp.package (default: pip's).")
+    bucket: str | None = Field(
+        None, description="s3://BUCKET[/PREFIX] where remote runs put local model/dataset files (default: s3://$KFP_S3_BUCKET)."
+    )
+    pipeline_root: str | None = Field(None, description="Where the KFP server keeps the run's artifacts (default: the server's).")
+    cpu_limit: str | None = Field(None, description="CPU limit of the train task (requests come from resources.cpu).")
+    memory_limit: str | None = Field(None, description="Memory limit of the train task (requests come from resources.memory).")
+    caching: bool = Field(False, description="Let KFP reuse cached task results (off: every run trains again).")
+
+    _check_limits = field_validator("cpu_limit", "memory_limit")(lambda cls, v: _k8s_quantity(v))
+
+    @field_validator("host", "ui_host")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"'{v}' must be an http:// or https:// URL")
+        return v.rstrip("/") if v else v
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v if v.startswith("s3://") else f"s3://{v}"
+        if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", v):
+            raise ValueError(f"'{v}' is not an s3://BUCKET[/PREFIX]")
+        return v.rstrip("/")
+
+
 # --- the job ---------------------------------------------------------------------------------
 class TuneJob(_Section):
     """A fine-tuning job: model, data, method, hyperparameters, resources and outputs."""
@@ -682,6 +745,7 @@ class TuneJob(_Section):
     output: OutputSpec = Field(default_factory=OutputSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec, description="Kubernetes placement, volumes and secrets (kubernetes backend).")
+    kfp: KfpSpec = Field(default_factory=KfpSpec, description="Kubeflow Pipelines: local runner or server, component image, bucket (kfp backend).")
     sweep: SweepSpec | None = Field(None, description="A hyperparameter sweep over this job (kubetune sweep); kubetune run ignores it.")
 
     @field_validator("name")
