@@ -33,7 +33,7 @@ def kubetune_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(kubetune_home) -> Path:
     """The generated builtin://tiny-chat model directory."""
-    from kubetune.train.builtin import materialize
+    from kubetune.training.builtin import materialize
 
     return materialize("tiny-chat")
 

@@ -20,7 +20,7 @@ def _digest(path) -> str:
 
 
 def test_same_bytes_in_two_fresh_homes(tmp_path):
-    code = "from kubetune.train.builtin import materialize; print(materialize('tiny-chat'))"
+    code = "from kubetune.training.builtin import materialize; print(materialize('tiny-chat'))"
     digests = []
     for i in range(2):
         env = {**__import__("os").environ, "KUBETUNE_HOME": str(tmp_path / f"home{i}")}
@@ -46,7 +46,7 @@ def test_is_a_llama_chat_model_with_eos(tiny_model):
 
 
 def test_unknown_builtin_is_a_clear_error():
-    from kubetune.train.builtin import materialize
+    from kubetune.training.builtin import materialize
 
     with pytest.raises(SourceError, match="no such builtin model; available: builtin://tiny-chat"):
         materialize("huge-chat")

@@ -11,6 +11,15 @@ def test_public_api_is_explicit():
         assert hasattr(kubetune, name), name
 
 
+def test_train_stays_callable_after_the_engine_loads():
+    # kubetune.train is the one-call function; no subpackage may shadow it once the engine is imported
+    import importlib
+
+    for mod in ("kubetune.training.sft", "kubetune.training.builtin", "kubetune.worker", "kubetune.data.prepare"):
+        importlib.import_module(mod)
+    assert callable(kubetune.train) and kubetune.train.__module__ == "kubetune.client"
+
+
 def test_train_one_call(tmp_path, capitals):
     status = kubetune.train(
         "builtin://tiny-chat",

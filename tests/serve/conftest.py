@@ -45,7 +45,7 @@ def make_run(run_dir: Path, adapter: Path, *, name: str) -> Path:
     from transformers import AutoTokenizer
 
     from kubetune.spec import dump_spec, load_spec
-    from kubetune.train.builtin import materialize
+    from kubetune.training.builtin import materialize
 
     job = load_spec({"name": name, "model": {"source": "builtin://tiny-chat"}, "dataset": {"source": str(CAPITALS)}, "output": {"dir": str(run_dir)}})
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ def test_lora_trains_an_adapter(tiny_job, run_inprocess):
 def test_qlora_quantizes_the_base_to_4bit_nf4_on_cpu(tiny_job, tiny_model):
     from bitsandbytes.nn import Linear4bit
 
-    from kubetune.train.model import device_info, load_model
+    from kubetune.training.model import device_info, load_model
 
     job = load_spec(small(tiny_job, method={"type": "qlora"}))
     model = load_model(job, tiny_model, device_info())
@@ -89,7 +89,7 @@ def test_full_fine_tune_writes_a_model(tiny_job, run_inprocess):
 
 
 def test_rslora_modules_to_save_and_attention_targets(tiny_job, tiny_model):
-    from kubetune.train.model import device_info, load_model
+    from kubetune.training.model import device_info, load_model
 
     job = load_spec(
         small(tiny_job, method={"lora": {"r": 4, "alpha": 8, "use_rslora": True, "target_modules": "attention", "modules_to_save": ["embed_tokens"]}})
@@ -107,7 +107,7 @@ def test_rslora_modules_to_save_and_attention_targets(tiny_job, tiny_model):
 
 
 def test_unknown_architecture_preset_names_the_field(tiny_job, tiny_model):
-    from kubetune.train.model import resolve_target_modules
+    from kubetune.training.model import resolve_target_modules
 
     job = load_spec(small(tiny_job, method={"lora": {"target_modules": "mlp"}}))
 
@@ -141,7 +141,7 @@ def test_gradient_checkpointing_gives_the_same_losses(tiny_job, run_inprocess, t
     ],
 )
 def test_dtype_auto_and_explicit(tiny_job, device, dtype, method, expected):
-    from kubetune.train.model import precision
+    from kubetune.training.model import precision
 
     job = load_spec(small(tiny_job, model={"source": "builtin://tiny-chat", "dtype": dtype}, method={"type": method}))
     p = precision(job, {**device, "name": "x"})
@@ -149,7 +149,7 @@ def test_dtype_auto_and_explicit(tiny_job, device, dtype, method, expected):
 
 
 def test_float16_on_cpu_is_refused(tiny_job):
-    from kubetune.train.model import precision
+    from kubetune.training.model import precision
 
     job = load_spec(small(tiny_job, model={"source": "builtin://tiny-chat", "dtype": "float16"}))
     with pytest.raises(TrainError, match="model.dtype float16 needs a GPU"):

@@ -43,7 +43,7 @@ def fetch_with_stats(
     if loc.scheme == "file":
         result = _fetch_local(loc, target, stats, sha256=sha256, use_cache=use_cache)
     elif loc.scheme == C.BUILTIN_SCHEME:
-        from ..train.builtin import materialize
+        from ..training.builtin import materialize
 
         result = materialize(loc.host)
         if target is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import constants as C
+from .. import distributed
 from ..errors import TrainError
 from ..events import RunDir, make_event
 from ..spec import TuneJob
@@ -47,6 +48,7 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     device = device_info()
+    distributed.setup(job, device)  # the process group with the job's collective timeout (several processes)
     tokenizer = tokenizer or load_tokenizer(job, model_path)
     plan = plan_run(job, prepared)
     if is_main:
@@ -69,6 +71,7 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
             callbacks=[progress],
         )
         trainer.remove_callback(PrinterCallback)  # progress goes through our events instead
+        resume = distributed.resume_point(resume)  # every rank resumes from rank 0's checkpoint
         if resume is not None and checkpoint_step(resume) >= plan.total_steps:
             _load_finished(trainer, resume, run, emit=is_main)  # trained already; it stopped before publishing
         else:
@@ -110,6 +113,8 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
     }
     if is_main:
         _save_outputs(job, trainer, tokenizer, run)
+    elif job.training.strategy == "fsdp":  # the weights are sharded: every rank takes part in gathering them
+        _save_outputs(job, trainer, tokenizer, run, is_main=False)
     return metrics
 
 
@@ -188,6 +193,7 @@ def _setup_args(job: TuneJob, run: RunDir, device: dict, plan: Plan, *, has_eval
         dataloader_num_workers=0,
         remove_unused_columns=False,
         **compat,
+        **distributed.trainer_args(job, device),  # backend, collective timeout, ddp/fsdp
     )
 
 
@@ -290,12 +296,19 @@ def oom_advice(job: TuneJob) -> str:
 
 
 # --- outputs ---------------------------------------------------------------------------------
-def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir) -> None:
+def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir, *, is_main: bool = True) -> None:
     """adapter/ (PEFT: adapter_config.json + adapter_model.safetensors) or model/, with the tokenizer."""
     target = run.path / (C.MODEL_DIR if job.method.type == "full" else C.ADAPTER_DIR)
     tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.model.save_pretrained(tmp, safe_serialization=True)
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if job.training.strategy == "fsdp":  # gathers the full weights from every rank; rank 0 writes them
+        trainer.save_model(str(tmp))
+        if not is_main:
+            return
+        (tmp / "training_args.bin").unlink(missing_ok=True)
+    else:
+        trainer.model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import distributed
 from ..events import RunDir, make_event
 from ..spec import TuneJob
 from .checkpoints import mark_complete, rotate_checkpoints
@@ -74,7 +75,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
     Args:
         run: the run directory events go to.
         job: the job (fingerprint and rotation settings).
-        device: from :func:`kubetune.train.model.device_info`.
+        device: from :func:`kubetune.training.model.device_info`.
         plan: the step budget.
         emit: this process writes the run directory (rank 0).
         sync: an OutputSync that mirrors complete checkpoints to output.uri, or None.
@@ -179,6 +180,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
 
     # -- checkpoints ---------------------------------------------------------------------------
     def on_save(self, args, state, control, **kw):
+        distributed.barrier()  # every rank has written its part (RNG state, shards) before the checkpoint is complete
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not self.emit or not ckpt.is_dir():
             return
