@@ -85,11 +85,16 @@ def run(
     set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
     backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
 ) -> None:
     """Run a job and follow it until it ends (exit code 0 on success)."""
     from .client import Client
     from .spec import load_spec
 
+    if mode is not None:  # a shorthand for --set kfp.mode=...; docs/kfp.md
+        if backend != "kfp":
+            raise typer.BadParameter("--mode applies to --backend kfp", param_hint="--mode")
+        set_ = [*set_, f"kfp.mode={mode}"]
     job = load_spec(spec, set_)
     client = Client(backend)
     ref = client.submit(job)
@@ -314,7 +319,7 @@ def chat(
 @app.command()
 def merge(run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job.")) -> None:
     """Merge a run's adapter into its base model (writes merged/)."""
-    from .train.merge import merge_run
+    from .training.merge import merge_run
 
     typer.echo(str(merge_run(run_dir)))
 

@@ -159,6 +159,10 @@ SERVE_CONTAINER = "vllm"  # main container of the serving Deployment
 LABEL_COMPONENT = "app.kubernetes.io/component"  # "serve" on serving objects, so they never match a training job's pods
 COMPONENT_SERVE = "serve"
 
+# --- data preparation ---
+DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings
+DATA_CACHE_KEEP = 16  # prepared datasets kept in the cache (least recently used go first)
+
 # --- kubeflow pipelines ---
 ENV_KFP_ENDPOINT = "KF_PIPELINES_ENDPOINT"  # KFP API endpoint (the kfp SDK reads it too)
 ENV_KFP_TOKEN = "KUBETUNE_KFP_TOKEN"  # bearer token for the KFP API (e.g. `oc whoami -t` on OpenShift AI)
@@ -169,3 +173,6 @@ KFP_STAGING_PREFIX = "kubetune-staging"  # under the bucket: <job>/<id>/{model,d
 KFP_API_PREFIX = "/apis/v2beta1"  # the KFP v2 REST API (healthz, experiments, runs)
 KFP_RUN_URL = "{ui}/#/runs/details/{run_id}"  # a run's page in the KFP UI
 KFP_MAIN_CONTAINER = "main"  # the container of a KFP task pod that runs the component
+
+# --- distributed training ---
+ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.distributed`; rank 0 records it, that launcher records the job's end

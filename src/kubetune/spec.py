@@ -24,6 +24,7 @@ __all__ = [
     "TuneJob",
     "ModelSpec",
     "DatasetSpec",
+    "DatasetSourceSpec",
     "LoraSpec",
     "MethodSpec",
     "TrainingSpec",
@@ -85,19 +86,56 @@ class ModelSpec(_Section):
 DatasetFormat = Literal["auto", "messages", "sharegpt", "prompt_completion", "alpaca", "text"]
 
 
+def _check_columns(v: dict[str, str]) -> dict[str, str]:
+    from .data.formats import COLUMN_NAMES
+
+    unknown = [k for k in v if k not in COLUMN_NAMES]
+    if unknown:
+        raise ValueError(
+            f"unknown column name(s) {', '.join(unknown)}: keys are kubetune's names ({', '.join(COLUMN_NAMES)}), "
+            "values are your dataset's, e.g. {prompt: question, completion: answer}"
+        )
+    return v
+
+
+class DatasetSourceSpec(_Section):
+    """One more dataset, trained together with ``dataset.source`` (an entry of ``dataset.mix``)."""
+
+    source: str = Field(description="Dataset URI or local file/directory (JSONL, JSON, CSV, Parquet, save_to_disk folder).")
+    weight: float | None = Field(
+        None, gt=0, description="Share of the training rows (relative to the other sources' weights); unset: all rows, once."
+    )
+    format: DatasetFormat = Field("auto", description="Row format; auto detects it from the rows.")
+    columns: dict[str, str] = Field(default_factory=dict, description="Map kubetune's column names to this dataset's.")
+    split: str = Field("train", description="Split to read from a Hub dataset, a saved DatasetDict or split-named files.")
+
+    _check_source = field_validator("source")(lambda cls, v: check_uri(v))
+    _check_columns = field_validator("columns")(lambda cls, v: _check_columns(v))
+
+
 class DatasetSpec(_Section):
     """Training data: where it is, its format, and how it is turned into trained tokens."""
 
-    source: str = Field(description="Dataset URI or local file/directory (JSONL, JSON, CSV, Parquet).")
+    source: str = Field(description="Dataset URI or local file/directory (JSONL, JSON, CSV, Parquet, save_to_disk folder).")
     format: DatasetFormat = Field("auto", description="Row format; auto detects it from the rows.")
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="Map kubetune's column names to yours, e.g. {prompt: question, completion: answer}.",
     )
+    split: str = Field("train", description="Split to read from a Hub dataset, a saved DatasetDict or split-named files.")
+    weight: float | None = Field(
+        None, gt=0, description="Share of the training rows when mixing with dataset.mix (relative to their weights)."
+    )
+    mix: list[DatasetSourceSpec] = Field(
+        default_factory=list,
+        description="More datasets trained together with source: concatenated, or sampled by weight when weights are set.",
+    )
     eval_source: str | None = Field(None, description="A separate evaluation dataset (same formats).")
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of rows held out for evaluation (seeded).")
     chat_template: str | None = Field(
-        None, description="Named chat template (chatml, llama3, mistral, ...) when the tokenizer has none or to override it."
+        None,
+        description="Named chat template (chatml, llama3, mistral, gemma, phi3) when the tokenizer has none or to override "
+        "it; unset: the tokenizer's own.",
     )
     train_on_inputs: bool = Field(False, description="Train on prompt tokens too (default: answers only).")
     on_bad_rows: Literal["error", "skip"] = Field("error", description="A malformed row stops the job, or is skipped and counted.")
@@ -105,18 +143,37 @@ class DatasetSpec(_Section):
         "truncate", description="Rows longer than training.max_seq_length are cut or dropped (both are reported)."
     )
     max_rows: int | None = Field(None, ge=1, description="Use at most this many rows (after shuffling with the seed).")
+    cache: bool = Field(True, description="Reuse prepared (tokenized) data from the kubetune cache when data, tokenizer and settings match.")
+    num_proc: int | None = Field(
+        None, ge=1, description="Processes that tokenize; unset: all CPUs for large datasets, one for small ones."
+    )
 
     _check_source = field_validator("source")(lambda cls, v: check_uri(v))
+    _check_columns = field_validator("columns")(lambda cls, v: _check_columns(v))
 
     @field_validator("eval_source")
     @classmethod
     def _check_eval_source(cls, v: str | None) -> str | None:
         return None if v is None else check_uri(v)
 
+    @field_validator("chat_template")
+    @classmethod
+    def _check_chat_template(cls, v: str | None) -> str | None:
+        from .data.templates import CHAT_TEMPLATES
+
+        if v is not None and v not in CHAT_TEMPLATES:
+            raise ValueError(f"unknown chat template '{v}'; choose one of {', '.join(CHAT_TEMPLATES)} (or leave it unset)")
+        return v
+
     @model_validator(mode="after")
     def _one_eval(self) -> "DatasetSpec":
         if self.eval_source and self.eval_split:
             raise ValueError("set either eval_source or eval_split, not both")
+        weighted = [w is not None for w in [self.weight] + [m.weight for m in self.mix]]
+        if any(weighted) and not all(weighted):
+            raise ValueError("give dataset.weight and every dataset.mix[].weight, or none of them (none: concatenate)")
+        if self.weight is not None and not self.mix:
+            raise ValueError("dataset.weight only applies when mixing with dataset.mix")
         return self
 
 
@@ -213,6 +270,11 @@ class TrainingSpec(_Section):
         description="Trainer integrations to log to, e.g. [tensorboard] (files under logs/tensorboard) or [mlflow]; "
         "install them with pip install 'kubetune[tracking]'.",
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How several processes share the work: ddp (each holds the whole model; gradients are averaged) or "
+        "fsdp (full shard: parameters, gradients and optimizer state split over the processes; GPUs only, not with qlora).",
+    )
 
     @field_validator("resume")
     @classmethod
@@ -261,6 +323,13 @@ class ResourcesSpec(_Section):
     )
     cpu: str | None = Field(None, description="CPU request per node, e.g. '8'.")
     memory: str | None = Field(None, description="Memory request per node, e.g. '32Gi'.")
+    collective_timeout_seconds: int = Field(
+        1800, ge=10, description="How long a process waits for the others in one collective (gradient all-reduce, barrier, "
+        "checkpoint) before the job fails: a hung rank ends the job after this, never later."
+    )
+    rendezvous_timeout_seconds: int = Field(
+        600, ge=10, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.distributed)."
+    )
 
     @property
     def world_size(self) -> int:
@@ -791,6 +860,12 @@ class TuneJob(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _strategy(self) -> "TuneJob":
+        if self.training.strategy == "fsdp" and self.method.type == "qlora":
+            raise ValueError("training.strategy fsdp does not support method.type qlora (4-bit weights); use ddp, or method lora")
+        return self
+
     # -- derived values ---------------------------------------------------------------------
     @property
     def accumulation_steps(self) -> int:
@@ -944,6 +1019,9 @@ def _resolve_local_paths(data: dict, base: Path | None) -> None:
     fix(data.get("model"), "source")
     fix(data.get("dataset"), "source")
     fix(data.get("dataset"), "eval_source")
+    mix = data.get("dataset", {}).get("mix") if isinstance(data.get("dataset"), dict) else None
+    for entry in mix if isinstance(mix, list) else []:
+        fix(entry, "source")
 
 
 def load_spec(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TuneJob:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import constants as C
+from . import distributed
 from .errors import KubetuneError, SourceError
 from .events import RunDir, make_event
 from .spec import TuneJob, dump_spec, load_spec
@@ -41,7 +42,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         for stale in (run.done_file, run.result_file):
             stale.unlink(missing_ok=True)
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
-        run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid())
+        run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
     _install_signal_handlers(run if is_main else None)
     sync = None
     try:
@@ -52,7 +53,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         _stage(run, is_main, C.STAGE_PREPARE, "preparing data")
         tokenizer, prepared = prepare_data(job, inputs, run if is_main else None)
         _stage(run, is_main, C.STAGE_TRAIN, "training")
-        from .train.sft import run_sft
+        from .training.sft import run_sft
 
         metrics = run_sft(job, inputs["model"], prepared, run, tokenizer=tokenizer, sync=sync)
         if is_main:
@@ -67,7 +68,9 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     except KubetuneError as e:
         if is_main:
             run.emit(make_event("error", str(e)))
-            run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
+            if not distributed.launcher_records_state():  # else the launcher records the first failing rank's error
+                run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
+        distributed.record_error(str(e))
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:  # a bug: keep the traceback in the log, the reason in the status
@@ -75,7 +78,9 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         reason = f"{type(e).__name__}: {e}"
         if is_main:
             run.emit(make_event("error", reason))
-            run.set_state(C.STATE_FAILED, reason=reason, exit_code=1)
+            if not distributed.launcher_records_state():
+                run.set_state(C.STATE_FAILED, reason=reason, exit_code=1)
+        distributed.record_error(reason, traceback.format_exc())
         return 1
     finally:
         if sync is not None:
@@ -90,9 +95,9 @@ def _stage(run: RunDir, is_main: bool, stage: str, message: str) -> None:
 
 def _install_signal_handlers(run: RunDir | None) -> None:
     def on_term(signum, frame):  # cancellation: record it, then leave at once
-        if run is not None:
+        if run is not None and not distributed.launcher_records_state():  # that launcher records it
             try:
-                run.set_state(C.STATE_CANCELLED, reason=f"received signal {signal.Signals(signum).name}")
+                run.set_state(*distributed.terminated_state(signum))
             except Exception:
                 pass
         os._exit(128 + signum)
@@ -104,7 +109,7 @@ def _install_signal_handlers(run: RunDir | None) -> None:
 def materialize(uri: str) -> Path:
     """A model or dataset URI as a local path (builtin models are generated, remote ones fetched)."""
     if uri.startswith(f"{C.BUILTIN_SCHEME}://"):
-        from .train.builtin import materialize as builtin
+        from .training.builtin import materialize as builtin
 
         return builtin(uri.split("://", 1)[1].strip("/"))
     if "://" not in uri or uri.startswith("file://"):
@@ -132,7 +137,7 @@ def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
 def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, Any]:
     """Load the tokenizer and turn the dataset into trainer-ready rows."""
     from .data import prepare_datasets
-    from .train.sft import load_tokenizer
+    from .training.sft import load_tokenizer
 
     tokenizer = load_tokenizer(job, inputs["model"])
     prepared = prepare_datasets(
@@ -141,6 +146,7 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
         source=inputs["dataset"],
         eval_source=inputs.get("eval_dataset"),
         log=(lambda m: run.emit(make_event("stage", m, stage=C.STAGE_PREPARE, **{}))) if run else (lambda m: None),
+        warn=(lambda m: run.emit(make_event("warning", m, stage=C.STAGE_PREPARE))) if run else None,
     )
     if run is not None:
         run.emit(make_event("metrics", "data prepared", data=prepared.stats))
@@ -150,7 +156,7 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
 def publish(job: TuneJob, run: RunDir, inputs: dict, metrics: dict, *, sync: Any = None) -> None:
     """Write result.json, merge when asked, and upload to output.uri."""
     if job.output.merge and job.method.type != "full":
-        from .train.merge import merge_run
+        from .training.merge import merge_run
 
         merge_run(run.path, base_model=inputs["model"], trust_remote_code=job.model.trust_remote_code)
         run.emit(make_event("stage", "merged adapter into merged/", stage=C.STAGE_PUBLISH))

@@ -1,0 +1,188 @@
+"""``kubetune data inspect``: what a dataset looks like to training, before anything trains.
+
+:func:`inspect_source` runs the same reading, checking, rendering and tokenization as a job (so what
+it reports is what training gets) and returns a plain dict: format, row counts, malformed rows,
+token-length statistics with a histogram, rows over the maximum length, and one rendered example split
+into trained and untrained segments. :func:`render_text` formats that dict for a terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..spec import TuneJob
+from .encode import IGNORE, STATUS
+from .readers import list_files, where
+
+__all__ = ["inspect_source", "render_text"]
+
+HISTOGRAM_BINS = 10
+
+
+def inspect_source(job: TuneJob, tokenizer: Any, source: Path, *, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Inspect ``source`` as ``job`` would prepare it (``job.dataset`` settings, ``training.max_seq_length``).
+
+    Returns:
+        A JSON-serialisable report with at least ``format``, ``rows`` and ``bad_rows``.
+
+    Raises:
+        DataError: as preparation would (``file:line`` of the first malformed row unless skipping).
+    """
+    import numpy as np
+
+    from .cache import cache_root
+    from .prepare import SourceInput, _num_proc, choose_template, encode_sources
+
+    ds = job.dataset
+    sf = list_files(source, split=ds.split)
+    inp = SourceInput(Path(source), ds.source, ds.format, dict(ds.columns), ds.split)
+    template, template_error, template_lines = choose_template(tokenizer, ds.chat_template)
+    work = Path(tempfile.mkdtemp(prefix=".inspect-", dir=cache_root()))
+    try:
+        table, report = encode_sources(
+            tokenizer, template, [inp], [sf], job, work / "rows.arrow",
+            template_error=template_error, num_proc=_num_proc(ds.num_proc, [sf]), log=log,
+        )  # fmt: skip
+        cols = {c: table.data.column(c).to_numpy() for c in ("_full_len", "_trained", "_status")}
+        full_len, status = cols["_full_len"], cols["_status"]
+        limit = job.training.max_seq_length
+        src = report["sources"][0]
+        out: dict[str, Any] = {
+            "source": ds.source,
+            "format": src["format"],
+            "files": len(sf.files),
+            "rows": int(len(table)),
+            "bad_rows": report["bad_rows"],
+            "bad_examples": report["bad_examples"],
+            "chat_template": getattr(template, "name", None) if report["chat_rows"] else None,
+            "end_of_turn": getattr(template, "eot", None) if report["chat_rows"] else tokenizer.eos_token,
+            "max_seq_length": limit,
+            "tokens": _length_stats(full_len),
+            "trained_tokens": int(cols["_trained"].sum()),
+            "histogram": _histogram(full_len, limit),
+            "over_max_length": int((full_len > limit).sum()),
+            "length_handling": ds.length_handling,
+            "nothing_trained": int((status == STATUS["nothing_trained"]).sum()),
+            "empty_answers": report["empty_answers"],
+            "prefix_inconsistent_rows": report["prefix_inconsistent"],
+            "eos_inserted_rows": report["eos_inserted"],
+            "notes": [ln.removeprefix("warning: ") for ln in template_lines] if report["chat_rows"] else [],
+            "example": None,
+        }
+        ok = np.nonzero(status <= STATUS["truncated"])[0]
+        if len(ok):
+            i = int(ok[0])
+            row = table[i]
+            fi = int(table.data.column("_file")[i].as_py())
+            out["example"] = {
+                "where": where(str(sf.files[fi]), int(row["_line"]), sf.kinds[fi]),
+                "segments": _segments(tokenizer, row["input_ids"], row["labels"]),
+            }
+        del table
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _length_stats(lengths: Any) -> dict:
+    import numpy as np
+
+    if not len(lengths):
+        return {"min": 0, "max": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0, "total": 0}
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99]).tolist()
+    return {
+        "min": int(lengths.min()),
+        "max": int(lengths.max()),
+        "mean": round(float(lengths.mean()), 1),
+        "p50": int(p50),
+        "p90": int(p90),
+        "p99": int(p99),
+        "total": int(lengths.sum()),
+    }
+
+
+def _histogram(lengths: Any, limit: int) -> list[dict]:
+    """Rows per token-length bin; the last bin starts at the maximum length when rows exceed it."""
+    import numpy as np
+
+    if not len(lengths):
+        return []
+    low, top = int(lengths.min()), int(max(lengths.max(), 1))
+    edges = np.unique(np.linspace(min(low, limit), min(top, limit), HISTOGRAM_BINS + 1).round().astype(int))
+    if top > limit:
+        edges = np.append(edges, top)
+    if len(edges) < 2:
+        edges = np.array([low, low + 1])
+    counts, _ = np.histogram(lengths, bins=edges)
+    return [{"from": int(a), "to": int(b), "rows": int(c)} for a, b, c in zip(edges[:-1], edges[1:], counts)]
+
+
+def _segments(tokenizer: Any, ids: list[int], labels: list[int]) -> list[dict]:
+    """The example as runs of untrained and trained tokens, decoded."""
+    segs: list[dict] = []
+    run: list[int] = []
+    trained = None
+    for tid, lab in zip(ids, labels):
+        t = lab != IGNORE
+        if trained is not None and t != trained:
+            segs.append({"text": tokenizer.decode(run), "trained": trained})
+            run = []
+        run.append(tid)
+        trained = t
+    if run:
+        segs.append({"text": tokenizer.decode(run), "trained": bool(trained)})
+    return segs
+
+
+def render_text(report: dict) -> Any:
+    """The report as rich renderables for a terminal (trained tokens highlighted in the example)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    tok = report["tokens"]
+    rows = [
+        ("source", str(report["source"])),
+        ("format", f"{report['format']} ({report['files']} file{'s' if report['files'] != 1 else ''})"),
+        ("rows", f"{report['rows']} usable, {report['bad_rows']} malformed"),
+        ("chat template", f"{report['chat_template'] or '-'} (answers end with {report['end_of_turn']})"),
+        ("tokens per row", f"min {tok['min']}  p50 {tok['p50']}  mean {tok['mean']}  p90 {tok['p90']}  p99 {tok['p99']}  max {tok['max']}"),
+        ("tokens", f"{tok['total']} in all, {report['trained_tokens']} trained"),
+        (
+            "over max length",
+            f"{report['over_max_length']} rows over {report['max_seq_length']} tokens (length_handling: {report['length_handling']})",
+        ),
+    ]
+    if report["nothing_trained"]:
+        rows.append(("nothing trained", f"{report['nothing_trained']} rows lose every trained token when cut"))
+    if report["empty_answers"]:
+        rows.append(("empty answers", f"{report['empty_answers']} rows (only the end-of-turn token is trained)"))
+    for k, v in rows:
+        head.add_row(k, v)
+    parts.append(head)
+    for ex in report["bad_examples"]:
+        parts.append(Text(f"  malformed: {ex}", style="yellow"))
+    for note in report["notes"]:
+        parts.append(Text(f"  note: {note}", style="yellow"))
+    if report["histogram"]:
+        parts.append(Text("\ntoken lengths", style="bold"))
+        peak = max(b["rows"] for b in report["histogram"]) or 1
+        for b in report["histogram"]:
+            bar = "█" * max(1 if b["rows"] else 0, round(30 * b["rows"] / peak))
+            over = b["from"] >= report["max_seq_length"]
+            parts.append(Text.assemble((f"  {b['from']:>6}-{b['to']:<6} ", ""), (bar, "red" if over else "cyan"), f" {b['rows']}"))
+    ex = report.get("example")
+    if ex:
+        parts.append(Text.assemble(("\nexample ", "bold"), (ex["where"], "dim"), (" (trained tokens in green)", "dim")))
+        body = Text()
+        for seg in ex["segments"]:
+            body.append(seg["text"], style="bold green" if seg["trained"] else "dim")
+        parts.append(body)
+    return Group(*parts)

@@ -1,0 +1,431 @@
+"""Distributed training: the launcher around torchrun, and the few hooks the worker and the trainer use.
+
+kubetune writes no distributed training loop of its own. torchrun (``torch.distributed.run``) starts one
+worker process per rank, and the Trainer does the rest through its own configuration: DDP by default,
+FSDP (full shard) with ``training.strategy: fsdp``. What this module adds is what torchrun alone does not:
+
+- :func:`launch` (``python -m kubetune.distributed``, a drop-in for ``torchrun``): when a rank fails it finds
+  the rank that failed *first* -- not the ranks that died of it ("connection closed by peer") or were stopped
+  by torchrun afterwards -- and records that rank's error as the job's ``failed`` reason in the run directory.
+  A SIGTERM to the launcher (``kubetune cancel``, a deleted pod) records ``cancelled``.
+- :func:`record_error`: each rank writes its error where torchrun collects it (``TORCHELASTIC_ERROR_FILE``).
+- :func:`setup` and :func:`trainer_args`: the collective timeout, the backend (gloo on CPU, NCCL on GPU) and
+  the strategy, as Trainer arguments.
+- :func:`barrier` and :func:`resume_point`: ranks agree on a checkpoint before it is marked complete, and on
+  the checkpoint they resume from.
+
+torch is imported lazily: ``kubetune --help`` and the worker's non-training stages must not load it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import constants as C
+from .errors import KubetuneError, TrainError
+
+__all__ = [
+    "launch",
+    "main",
+    "rank",
+    "world_size",
+    "under_torchrun",
+    "launcher_records_state",
+    "state_extra",
+    "terminated_state",
+    "record_error",
+    "setup",
+    "trainer_args",
+    "barrier",
+    "resume_point",
+    "RankFailure",
+    "root_cause",
+    "failure_reason",
+]
+
+# Set by torchrun in every worker it starts (and nowhere else).
+_ENV_TORCHRUN = "TORCHELASTIC_RUN_ID"
+# Where torchrun wants a worker's error: one JSON file per rank, read back by the agent when the rank fails.
+_ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+# Text of errors a rank gets because *another* rank died: the peer is the root cause, not this rank.
+_PEER_ERRORS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote worker crashing",
+    "remote process exited",
+    "distbackenderror",
+    "nccl communicator was aborted",
+    "socket timeout",
+    "timed out",
+    "timeout",
+)
+
+
+# --- where this process stands -----------------------------------------------------------------
+def rank() -> int:
+    """This process's global rank (0 outside torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    """Processes in the job (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def under_torchrun() -> bool:
+    """True in a worker that torchrun (or :func:`launch`) started."""
+    return _ENV_TORCHRUN in os.environ
+
+
+def launcher_records_state() -> bool:
+    """True when :func:`launch` started this worker: the launcher, not rank 0, records how the job ended."""
+    return under_torchrun() and bool(os.environ.get(C.ENV_LAUNCHER_PID))
+
+
+def state_extra() -> dict:
+    """What rank 0 adds to its ``running`` state: the world size and which launcher owns the job's end."""
+    if not under_torchrun():
+        return {}
+    extra: dict[str, Any] = {"world_size": world_size()}
+    if os.environ.get(C.ENV_LAUNCHER_PID):
+        extra["launcher_pid"] = int(os.environ[C.ENV_LAUNCHER_PID])
+    return extra
+
+
+def terminated_state(signum: int) -> tuple[str, str]:
+    """(state, reason) rank 0 records on SIGTERM when no kubetune launcher records it.
+
+    Under a plain ``torchrun`` a SIGTERM is almost always torchrun stopping the survivors after another
+    rank failed, so it is a failure, not a cancellation.
+    """
+    name = signal.Signals(signum).name
+    if under_torchrun():
+        return C.STATE_FAILED, (
+            f"stopped by torchrun ({name}): another rank failed first or the launch was interrupted; "
+            "the first failure is in the log (python -m kubetune.distributed names it in the status)"
+        )
+    return C.STATE_CANCELLED, f"received signal {name}"
+
+
+def record_error(message: str, traceback_text: str = "") -> None:
+    """Leave this rank's error where torchrun collects it (no-op outside torchrun).
+
+    The format is torch's own (``ErrorHandler.record_exception``), plus a ``kubetune`` entry with a precise
+    time, so that :func:`root_cause` can order failures that happen within the same second.
+    """
+    path = os.environ.get(_ENV_ERROR_FILE)
+    if not path:
+        return
+    now = time.time()
+    data = {
+        "message": {"message": message, "extraInfo": {"py_callstack": traceback_text, "timestamp": str(int(now))}},
+        "kubetune": {"rank": rank(), "time": now, "message": message},
+    }
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+    except OSError:  # the error still reaches the log; only the summary loses it
+        pass
+
+
+# --- training hooks ----------------------------------------------------------------------------
+def setup(job: Any, device: dict) -> None:
+    """Check the strategy fits the device and start the process group with the job's collective timeout.
+
+    transformers passes ``ddp_timeout`` to the process group on GPUs but not on CPU, so on CPU the group is
+    started here (gloo), before the Trainer, which then uses it.
+
+    Raises:
+        TrainError: ``training.strategy: fsdp`` on a CPU (the trainer shards only across accelerators).
+    """
+    if job.training.strategy == "fsdp" and device["type"] == "cpu":
+        raise TrainError(
+            "training.strategy fsdp needs GPUs: the trainer (accelerate) shards a model only across accelerators",
+            hint="use training.strategy: ddp on CPU",
+        )
+    if world_size() <= 1 or device["type"] != "cpu":
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=job.resources.collective_timeout_seconds))
+
+
+def trainer_args(job: Any, device: dict) -> dict:
+    """Trainer (SFTConfig) arguments for the topology: backend, collective timeout and strategy."""
+    out: dict[str, Any] = {"ddp_timeout": job.resources.collective_timeout_seconds}
+    if device["type"] == "cpu" and world_size() > 1:
+        out["ddp_backend"] = "gloo"  # accelerate would pick MPI where torch has it; gloo is what we test
+    if job.training.strategy == "fsdp":
+        import transformers
+
+        # Full shard: parameters, gradients and optimizer state split over the ranks, gathered layer by layer.
+        # The wrap policy comes from the model's own _no_split_modules (its decoder layer class).
+        if int(transformers.__version__.split(".")[0]) >= 5:
+            out["fsdp"] = True
+            out["fsdp_config"] = {"version": 2, "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT"}
+        else:  # transformers 4.x: FSDP1, configured by the option string
+            out["fsdp"] = "full_shard auto_wrap"
+            out["fsdp_config"] = {"use_orig_params": True, "sync_module_states": True}
+    return out
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (no-op in one process)."""
+    if world_size() <= 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def resume_point(resume: Path | None) -> Path | None:
+    """The checkpoint every rank resumes from: rank 0's choice, checked to be readable on this rank.
+
+    Ranks that resumed from different checkpoints would run different step counts and hang; rank 0's
+    choice (it may have pulled the checkpoint from output.uri) is the one that counts.
+
+    Raises:
+        TrainError: this rank cannot read the checkpoint rank 0 resumes from (no shared run directory).
+    """
+    if world_size() <= 1:
+        return resume
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return resume
+    chosen = [str(resume) if resume else None]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return None
+    path = Path(chosen[0])
+    if not (path / "trainer_state.json").is_file():
+        raise TrainError(
+            f"rank {rank()} cannot read {path}, the checkpoint rank 0 resumes from",
+            hint="every node must see the same run directory to resume a multi-node job: put output.dir on shared "
+            "storage (a ReadWriteMany volume), or set training.resume: never",
+        )
+    return path
+
+
+# --- the launcher ------------------------------------------------------------------------------
+@dataclass
+class RankFailure:
+    """One failed rank, as torchrun reports it."""
+
+    rank: int
+    exitcode: int
+    message: str = ""
+    time: float = 0.0
+    pid: int | None = None
+    local_rank: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def stopped_by_launcher(self) -> bool:
+        """Ended by the SIGTERM torchrun sends the survivors once another rank failed."""
+        return self.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+    @property
+    def peer_error(self) -> bool:
+        """Failed because another rank went away (its own error is a symptom)."""
+        text = self.message.lower()
+        return any(p in text for p in _PEER_ERRORS)
+
+    @property
+    def timed_out(self) -> bool:
+        text = self.message.lower()
+        return "timed out" in text or "timeout" in text
+
+    def describe(self) -> str:
+        if self.message and not self.message.startswith("To enable traceback"):
+            return f"rank {self.rank} failed: {self.message}"
+        if self.signal_name:
+            text = f"rank {self.rank} was killed by {self.signal_name}"
+            if self.exitcode == -signal.SIGKILL:
+                text += " (killed from outside, or by the kernel's out-of-memory killer: check the machine's memory)"
+            return text
+        return f"rank {self.rank} exited with code {self.exitcode} without recording an error (see its lines in the log)"
+
+
+def root_cause(failures: list[RankFailure]) -> RankFailure:
+    """The failure that started it: a rank's own error before peer errors, before ranks torchrun stopped."""
+
+    def key(f: RankFailure) -> tuple:
+        return (2 if f.stopped_by_launcher else 1 if f.peer_error else 0, f.time, f.rank)
+
+    return min(failures, key=key)
+
+
+def failure_reason(failures: list[RankFailure], *, collective_timeout: int | None = None) -> tuple[RankFailure, str]:
+    """The root cause among ``failures`` and the job's ``failed`` reason, which names its rank and error."""
+    first = root_cause(failures)
+    others = [f for f in failures if f is not first]
+    if first.peer_error and first.timed_out:
+        limit = f" ({collective_timeout} s, resources.collective_timeout_seconds)" if collective_timeout else ""
+        stopped = [f.rank for f in others if f.stopped_by_launcher]
+        who = f"rank {', '.join(map(str, stopped))} " if stopped else "a rank "
+        reason = (
+            f"rank {first.rank} timed out waiting for the other ranks{limit}: {who}stopped responding "
+            f"(hung, or much slower than the rest); its error: {first.message}"
+        )
+    elif first.peer_error:
+        reason = (
+            f"{first.describe()} (rank {first.rank} lost its connection to another rank, which failed first: "
+            "if it ran on another node, its error is in that node's log)"
+        )
+    else:
+        reason = first.describe()
+        if others:
+            reason += f" ({len(others)} other rank{'s' if len(others) > 1 else ''} stopped after it)"
+    return first, reason
+
+
+def _failures(err: Any) -> list[RankFailure]:
+    """RankFailures from torch's ChildFailedError."""
+    out = []
+    for global_rank, f in err.failures.items():
+        data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
+        ours = data.get("kubetune") if isinstance(data.get("kubetune"), dict) else {}
+        msg = f.message.get("message", "") if isinstance(f.message, dict) else str(f.message or "")
+        if f.exitcode < 0 and msg.startswith("Signal "):
+            msg = ""  # torch's "Signal 9 (SIGKILL) received by PID n": describe() says it better
+        out.append(
+            RankFailure(
+                rank=int(global_rank), exitcode=int(f.exitcode), message=str(ours.get("message") or msg).strip(),
+                time=float(ours.get("time") or f.timestamp or 0), pid=f.pid, local_rank=f.local_rank,
+            )
+        )
+    return out
+
+
+def launch(argv: list[str]) -> int:
+    """Run torchrun with ``argv`` in this process; record how the job ended in its run directory.
+
+    ``argv`` is exactly what ``torchrun`` takes, ending in ``-m kubetune.worker --spec FILE [--run-dir DIR]``.
+    The run directory is written only by the launcher whose node runs rank 0 (rank 0 records the launcher's
+    pid when it starts), so several launches sharing one run directory never fight over it.
+
+    Returns:
+        0 on success; 2 when the first failure was a user error (exit code 2); 128+N after signal N; else 1.
+    """
+    from torch.distributed import DistStoreError
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(argv)
+    job, run_dir = _job_of(args)
+    if job is not None and not args.rdzv_conf:
+        # How long nodes wait for each other at start-up: `timeout` for a static rendezvous (--master-addr),
+        # `join_timeout` for c10d (--rdzv-endpoint); each backend ignores the other's key.
+        t = job.resources.rendezvous_timeout_seconds
+        args.rdzv_conf = f"timeout={t},join_timeout={t}"
+    os.environ[C.ENV_LAUNCHER_PID] = str(os.getpid())  # inherited by the workers; rank 0 records it
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # until torchrun installs its own handler
+    try:
+        torchrun.run(args)
+        return 0
+    except ChildFailedError as e:
+        print(str(e), file=sys.stderr, flush=True)  # torch's table of every failed rank
+        first, reason = failure_reason(_failures(e), collective_timeout=job.resources.collective_timeout_seconds if job else None)
+        code = 2 if first.exitcode == 2 else 1
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        _record_end(run_dir, C.STATE_FAILED, reason, exit_code=code, failed_rank=first.rank)
+        return code
+    except (DistStoreError, RendezvousError) as e:  # the nodes never all met: no rank started
+        limit = f" within {job.resources.rendezvous_timeout_seconds} s (resources.rendezvous_timeout_seconds)" if job else ""
+        print(
+            f"error: the nodes did not all join{limit}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}\n"
+            f"  hint: start the other node(s) with the same --nnodes, --master-addr and --master-port and their own "
+            f"--node-rank, and check that they can reach {args.master_addr}:{args.master_port}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    except (_Terminated, SignalException, KeyboardInterrupt) as e:  # a signal reached the launcher
+        signum = int(getattr(e, "signum", getattr(e, "sigval", signal.SIGINT)))
+        _record_end(run_dir, C.STATE_CANCELLED, f"received signal {signal.Signals(signum).name}")
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+def _job_of(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    """The job and run directory named by the worker's arguments (None, None when it cannot be told)."""
+    if not (args.module and args.training_script == "kubetune.worker"):
+        return None, None
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--spec")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--run-dir")
+    known, _ = p.parse_known_args(args.training_script_args)
+    if not known.spec:
+        return None, None
+    from .spec import load_spec
+
+    try:
+        job = load_spec(known.spec, known.overrides)
+    except KubetuneError:
+        return None, Path(known.run_dir) if known.run_dir else None  # the workers report the spec error
+    return job, Path(known.run_dir) if known.run_dir else job.output_dir
+
+
+def _record_end(run_dir: Path | None, state: str, reason: str, **extra: Any) -> None:
+    """Record the job's end, if this launcher owns the run directory and the job has not ended already."""
+    if run_dir is None:
+        return
+    from .events import RunDir, make_event
+
+    run = RunDir(run_dir, echo=os.environ.get(C.ENV_EVENT_STDOUT) == "1")
+    st = run.read_status()
+    if st is None or st.extra.get("launcher_pid") != os.getpid():
+        return  # rank 0 runs under another launcher (another node), or never started
+    if st.state == C.STATE_SUCCEEDED:  # rank 0 finished and published; a later failure does not undo that
+        run.emit(make_event("warning", f"after the job succeeded: {reason}"))
+        return
+    if st.terminal and st.state == state:
+        return
+    if state == C.STATE_FAILED:
+        run.emit(make_event("error", reason))
+    run.set_state(state, reason=reason, **extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kubetune.distributed [torchrun options] -m kubetune.worker --spec FILE [...]``."""
+    return launch(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

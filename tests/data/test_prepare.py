@@ -1,0 +1,182 @@
+"""Preparation as a whole: the cache (reruns skip tokenization), mixing sources by weight, evaluation
+splits, max_rows, and worker processes that give the same result as one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubetune.data.encode import Encoder
+
+from .conftest import write_rows
+
+
+def _chat(i: int, tag: str = "") -> dict:
+    return {"messages": [{"role": "user", "content": f"Question {tag} number {i}?"}, {"role": "assistant", "content": f"Answer {i}."}]}
+
+
+@pytest.fixture
+def no_encoding(monkeypatch):
+    """Make any tokenization fail: a cache hit must not tokenize."""
+
+    def boom(self, items):
+        raise AssertionError("tokenized although the prepared data was cached")
+
+    def arm():
+        monkeypatch.setattr(Encoder, "encode", boom)
+
+    return arm
+
+
+def test_rerun_reuses_the_cache_without_tokenizing(tmp_path, prepare, no_encoding):
+    src = write_rows(tmp_path / "rows.jsonl", [_chat(i, "rerun") for i in range(50)])
+    first = prepare(src, dataset={"cache": True, "eval_split": 0.2})
+    assert first.stats["cache"] == "miss"
+    no_encoding()
+    again = prepare(src, dataset={"cache": True, "eval_split": 0.2})
+    assert again.stats["cache"] == "hit"
+    assert again.train["input_ids"] == first.train["input_ids"] and again.train["labels"] == first.train["labels"]
+    assert again.eval["input_ids"] == first.eval["input_ids"]
+    # the cached entry lives under $KUBETUNE_HOME/cache/data and is memory-mapped
+    assert "/cache/data/" in again.train.cache_files[0]["filename"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["data", "max_seq_length", "train_on_inputs", "template", "packing", "seed"],
+)
+def test_cache_key_covers_data_tokenizer_and_settings(tmp_path, prepare, tokenizer, change):
+    # the cache is keyed by content: rows unique to this case, so that other cases' entries do not match
+    src = write_rows(tmp_path / "rows.jsonl", [_chat(i, change) for i in range(20)])
+    dataset, training = {"cache": True}, {"max_seq_length": 256}
+    assert prepare(src, dataset=dataset, training=training).stats["cache"] == "miss"
+    assert prepare(src, dataset=dataset, training=training).stats["cache"] == "hit"
+    if change == "data":
+        write_rows(src, [_chat(i, change) for i in range(21)])
+    elif change == "max_seq_length":
+        training = {"max_seq_length": 128}
+    elif change == "train_on_inputs":
+        dataset = {**dataset, "train_on_inputs": True}
+    elif change == "template":
+        tokenizer.chat_template = tokenizer.chat_template.replace("<|im_end|>' + '\\n'", "<|im_end|>' + '\\n\\n'")
+    elif change == "packing":
+        training = {**training, "packing": True}
+    elif change == "seed":
+        training = {**training, "seed": 7}
+    assert prepare(src, dataset=dataset, training=training).stats["cache"] == "miss"
+
+
+def test_cache_off_always_prepares(tmp_path, prepare):
+    src = write_rows(tmp_path / "rows.jsonl", [_chat(i) for i in range(5)])
+    assert prepare(src, dataset={"cache": False}).stats["cache"] == "miss"
+    assert prepare(src, dataset={"cache": False}).stats["cache"] == "miss"
+
+
+def test_eval_split_is_seeded_and_disjoint(tmp_path, prepare):
+    src = write_rows(tmp_path / "rows.jsonl", [_chat(i) for i in range(100)])
+    a = prepare(src, dataset={"eval_split": 0.1})
+    b = prepare(src, dataset={"eval_split": 0.1})
+    c = prepare(src, dataset={"eval_split": 0.1}, training={"seed": 1})
+    assert a.stats["rows"] == 90 and a.stats["eval_rows"] == 10
+    assert a.eval["input_ids"] == b.eval["input_ids"]
+    assert a.eval["input_ids"] != c.eval["input_ids"]
+    assert not {tuple(x) for x in a.eval["input_ids"]} & {tuple(x) for x in a.train["input_ids"]}
+
+
+def test_separate_eval_source(tmp_path, prepare):
+    src = write_rows(tmp_path / "train.jsonl", [_chat(i) for i in range(10)])
+    ev = write_rows(tmp_path / "eval.jsonl", [{"text": "evaluation text"}] * 3)
+    prep = prepare(src, dataset={"eval_source": str(ev)}, eval_source=ev)
+    assert prep.stats["rows"] == 10 and prep.stats["eval_rows"] == 3
+
+
+def test_max_rows(tmp_path, prepare):
+    src = write_rows(tmp_path / "rows.jsonl", [_chat(i) for i in range(100)])
+    prep = prepare(src, dataset={"max_rows": 30, "eval_split": 0.1})
+    assert prep.stats["rows"] == 27 and prep.stats["eval_rows"] == 3
+
+
+def test_mix_concatenates_sources_of_different_formats(tmp_path, prepare):
+    a = write_rows(tmp_path / "a.jsonl", [_chat(i) for i in range(6)])
+    b = write_rows(tmp_path / "b.jsonl", [{"instruction": "Say hi.", "output": "Hi."}] * 4)
+    prep = prepare(a, dataset={"mix": [{"source": str(b)}]}, mix_sources=[b])
+    assert prep.stats["rows"] == 10
+    assert prep.stats["formats"] == ["messages", "alpaca"] and prep.stats["format"] == "mixed"
+    assert [s["used_rows"] for s in prep.stats["sources"]] == [6, 4]
+
+
+def test_mix_by_weight(tmp_path, prepare, tokenizer):
+    a = write_rows(tmp_path / "a.jsonl", [_chat(i) for i in range(90)])
+    b = write_rows(tmp_path / "b.jsonl", [{"text": f"small source {i}"} for i in range(10)])
+    prep = prepare(a, dataset={"weight": 1, "mix": [{"source": str(b), "weight": 1}]}, mix_sources=[b])
+    assert prep.stats["rows"] == 100
+    assert [s["used_rows"] for s in prep.stats["sources"]] == [50, 50]
+    texts = [tokenizer.decode(x) for x in prep.train["input_ids"]]
+    assert sum("small source" in t for t in texts) == 50  # the small source is repeated (5 times each)
+    assert len({t for t in texts if "small source" in t}) == 10
+
+
+def test_mix_fetches_its_sources_itself(tmp_path, prepare):
+    """Without mix_sources (as the worker calls it) the mix entries are materialized like dataset.source."""
+    a = write_rows(tmp_path / "a.jsonl", [_chat(i) for i in range(3)])
+    b = write_rows(tmp_path / "b.jsonl", [_chat(i) for i in range(2)])
+    assert prepare(a, dataset={"mix": [{"source": str(b)}]}).stats["rows"] == 5
+
+
+def test_worker_processes_give_the_same_result(tmp_path, prepare):
+    rows = [_chat(i) for i in range(3500)]
+    rows[1234] = "{broken"
+    rows[2345] = {"messages": [{"role": "system", "content": "no answer"}]}
+    src = write_rows(tmp_path / "rows.jsonl", rows)
+    one = prepare(src, dataset={"num_proc": 1, "on_bad_rows": "skip"})
+    two = prepare(src, dataset={"num_proc": 2, "on_bad_rows": "skip"})
+    assert two.stats["num_proc"] == 2 and one.stats["num_proc"] == 1
+    assert two.stats["bad_rows"] == one.stats["bad_rows"] == 2
+    assert two.stats["bad_examples"] == one.stats["bad_examples"]
+    assert two.train["input_ids"] == one.train["input_ids"] and two.train["labels"] == one.train["labels"]
+
+
+def test_worker_processes_stop_at_the_first_bad_row(tmp_path, prepare):
+    from kubetune.errors import DataError
+
+    rows = [_chat(i) for i in range(3000)]
+    rows[2500] = "{broken"
+    rows[2900] = "{broken too"
+    src = write_rows(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(DataError, match=f"{src}:2501: invalid JSON"):
+        prepare(src, dataset={"num_proc": 2})
+
+
+def test_prepared_data_memory_stays_near_its_arrow_size(tmp_path):
+    """60k rows prepared in a child process: the resident memory it adds is a small multiple of the
+    Arrow data, not the Python-object size of every row (which would be several times larger)."""
+    import json
+    import subprocess
+    import sys
+
+    src = tmp_path / "rows.jsonl"
+    with open(src, "w") as f:
+        for i in range(60_000):
+            f.write(json.dumps({"prompt": f"Question {i} about the capital of somewhere?", "completion": f" The answer is number {i}."}) + "\n")
+    code = f"""
+import json, resource, sys
+from pathlib import Path
+from transformers import AutoTokenizer
+from kubetune.data import prepare_datasets
+from kubetune.spec import load_spec
+from kubetune.training.builtin import materialize
+tok = AutoTokenizer.from_pretrained(materialize("tiny-chat"))
+job = load_spec({{"model": {{"source": "builtin://tiny-chat"}}, "dataset": {{"source": "{src}", "cache": False, "num_proc": 1}}}})
+tok("warm up", add_special_tokens=False)
+import datasets, pyarrow  # loaded by preparation anyway: not part of what the data costs
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+prep = prepare_datasets(job, tok, source=Path("{src}"))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+arrow = sum(prep.train.data.nbytes for _ in [0])
+print(json.dumps({{"grew_kb": after - before, "arrow_kb": arrow // 1024, "rows": len(prep.train)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rep["rows"] == 60_000
+    # Python lists of 60k rows of ~25 tokens (ids + labels) alone would take over 100 MB.
+    assert rep["grew_kb"] < max(4 * rep["arrow_kb"], 60_000), rep

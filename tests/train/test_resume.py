@@ -1,0 +1,147 @@
+"""Checkpoints and resume: kill -9 mid-run, rerun the same spec, get the uninterrupted run's result."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from kubetune import constants as C
+from kubetune.events import RunDir
+from kubetune.spec import load_spec
+from kubetune.training.checkpoints import complete_checkpoints, find_resume_checkpoint, incomplete_checkpoints, rotate_checkpoints
+from kubetune.errors import TrainError
+
+from .conftest import events, run_worker_subprocess, small, worker_command, write_spec
+
+STEPS = 12
+
+
+def _fault_spec(tiny_job, out_dir):
+    spec = small(
+        tiny_job,
+        training={"max_steps": STEPS, "save_steps": 3, "batch_size": 8, "max_seq_length": 96, "save_total_limit": 3},
+        method={"type": "lora", "lora": {"dropout": 0.1}},  # dropout: the RNG state must be restored too
+    )
+    spec["output"] = {"dir": str(out_dir)}
+    return spec
+
+
+def _kill_after_first_checkpoint(spec_file, run_dir) -> int:
+    """Start the worker, SIGKILL it right after its first complete checkpoint; return the newest step on disk."""
+    proc = subprocess.Popen(worker_command(spec_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            if complete_checkpoints(run_dir / C.CHECKPOINTS_DIR):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            assert proc.poll() is None, "the worker ended before its first checkpoint"
+            time.sleep(0.02)
+        else:
+            pytest.fail("no checkpoint within 240s")
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / C.DONE_FILE).exists() and not (run_dir / C.RESULT_FILE).exists()
+    steps = [int(p.name.split("-")[1]) for p in complete_checkpoints(run_dir / C.CHECKPOINTS_DIR)]
+    assert steps and max(steps) < STEPS - 1, "killed too late: the run had (nearly) finished"
+    return max(steps)
+
+
+def test_kill_9_mid_run_then_rerun_matches_an_uninterrupted_run(tiny_job, tmp_path):
+    # The uninterrupted reference, same seed.
+    ref_dir = tmp_path / "reference"
+    ref = run_worker_subprocess(write_spec(_fault_spec(tiny_job, ref_dir), tmp_path / "ref.yaml"))
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = json.loads((ref_dir / C.RESULT_FILE).read_text())
+
+    run_dir = tmp_path / "faulty"
+    spec_file = write_spec(_fault_spec(tiny_job, run_dir), tmp_path / "faulty.yaml")
+    newest = _kill_after_first_checkpoint(spec_file, run_dir)
+
+    # A half-written newer checkpoint left in place (as a crash during a save leaves it): no marker, torn file.
+    torn = run_dir / C.CHECKPOINTS_DIR / f"checkpoint-{STEPS - 1}"
+    shutil.copytree(run_dir / C.CHECKPOINTS_DIR / f"checkpoint-{newest}", torn)
+    (torn / C.CHECKPOINT_COMPLETE).unlink()
+    weights = torn / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    rerun = run_worker_subprocess(spec_file)  # the same spec, unchanged: training.resume is auto
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    result = json.loads((run_dir / C.RESULT_FILE).read_text())
+
+    evs = events(run_dir)
+    warnings = [e["message"] for e in evs if e["type"] == "warning"]
+    assert any(f"ignoring incomplete checkpoint {torn.name}" in w for w in warnings), warnings
+    resumed = [e for e in evs if e["type"] == "checkpoint" and (e.get("data") or {}).get("resume")]
+    assert resumed and resumed[-1]["data"]["step"] == newest  # the newest complete one, not the torn one
+    assert result["resumed_from"].endswith(f"checkpoint-{newest}") and result["resumed_at_step"] == newest
+
+    # It ends at the planned step count with the uninterrupted run's numbers.
+    assert result["global_step"] == result["total_steps"] == reference["global_step"] == STEPS
+    assert [x["step"] for x in result["losses"]] == list(range(1, STEPS + 1))
+    for mine, theirs in zip(result["losses"], reference["losses"]):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5), mine["step"]
+    assert result["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-4)
+    assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-4)
+    assert result["best_checkpoint"]["step"] == reference["best_checkpoint"]["step"]
+    status = json.loads((run_dir / C.STATUS_FILE).read_text())
+    assert status["state"] == C.STATE_SUCCEEDED and status["step"] == STEPS
+    assert not incomplete_checkpoints(run_dir / C.CHECKPOINTS_DIR)
+
+
+def test_rerun_of_a_finished_run_does_not_train_again(tiny_job, run_inprocess):
+    spec = small(tiny_job, training={"max_steps": 2, "save_steps": 2})
+    rc, run_dir, first = run_inprocess(spec)
+    assert rc == 0
+    rc, _, second = run_inprocess(spec)
+    assert rc == 0
+    assert second["global_step"] == 2 and second["resumed_at_step"] == 2
+    assert second["losses"] == first["losses"] and second["eval_loss"] == pytest.approx(first["eval_loss"], rel=1e-6)
+    assert any("already reached the planned steps" in e.get("message", "") for e in events(run_dir))
+
+
+def test_resume_never_starts_over_and_a_path_must_be_complete(tiny_job, tmp_path):
+    job = load_spec(small(tiny_job))
+    run = RunDir(job.output_dir)
+    ckpts = run.checkpoints_dir
+    for step in (2, 4):
+        (ckpts / f"checkpoint-{step}").mkdir(parents=True)
+        (ckpts / f"checkpoint-{step}" / C.CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step}))
+    (ckpts / "checkpoint-6").mkdir()  # incomplete
+    assert find_resume_checkpoint(job, run).name == "checkpoint-4"
+    assert not (ckpts / "checkpoint-6").exists()  # removed, never loaded
+
+    never = load_spec(small(tiny_job, training={"resume": "never"}))
+    assert find_resume_checkpoint(never, run) is None
+    assert not complete_checkpoints(ckpts)  # earlier checkpoints cannot be picked up by mistake later
+
+    (tmp_path / "half").mkdir()
+    bad = load_spec(small(tiny_job, training={"resume": str(tmp_path / "half")}))
+    with pytest.raises(TrainError, match="training.resume: .* is not a complete checkpoint directory"):
+        find_resume_checkpoint(bad, run)
+
+
+def test_a_checkpoint_of_another_method_is_refused(tiny_job):
+    job = load_spec(small(tiny_job))
+    run = RunDir(job.output_dir)
+    ck = run.checkpoints_dir / "checkpoint-2"
+    ck.mkdir(parents=True)
+    (ck / C.CHECKPOINT_COMPLETE).write_text(json.dumps({"step": 2, "fingerprint": "0123456789abcdef"}))
+    with pytest.raises(TrainError, match="different model or method"):
+        find_resume_checkpoint(job, run)
+
+
+def test_rotation_keeps_the_newest_and_the_best(tmp_path):
+    for step, loss in ((2, 1.0), (4, 0.5), (6, 0.9), (8, 0.8)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / C.CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step, "eval_loss": loss}))
+    removed = rotate_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["checkpoint-2"]
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
