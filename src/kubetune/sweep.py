@@ -147,15 +147,26 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
     log(f"sweep {sweep.id}: {len(plan)} trials, {len(queue)} to run, {len(active)} running, {len(slots)} at once -> {sweep.dir}")
     while queue or active:
         while queue and free:
-            trial = queue.pop(0)
-            slot = free.pop(0)
-            _submit(trial, specs[trial.name], client, slots[slot], sweep)
+            trial, slot = queue.pop(0), free.pop(0)
+            try:
+                _submit(trial, specs[trial.name], client, slots[slot])
+            except KubetuneError as e:  # this trial cannot start; the others still can
+                trial.state, trial.reason, trial.finished_at = C.STATE_FAILED, f"could not be submitted: {e}", time.time()
+                free.append(slot)
+                log(f"{trial.name}: {trial.reason}")
+                continue
             active[trial.name], held[trial.name] = trial, slot
             log(f"{trial.name}: submitted {values_text(trial.values)}" + (f" (attempt {trial.attempts})" if trial.attempts > 1 else ""))
             sweep.save()
         time.sleep(C.SWEEP_POLL_SECONDS)
+        for name, trial in active.items():
+            try:
+                _refresh(trial, client, sweep.objective)
+            except KubetuneError as e:  # a transient API error must not end the sweep
+                log(f"{name}: could not read its status, trying again ({_short(str(e))})")
+        if spec.early_stopping is not None:
+            _early_stop(sweep, client, spec, active)
         for name, trial in list(active.items()):
-            _refresh(trial, client, sweep.objective)
             if trial.terminal:
                 del active[name]
                 slot = held.pop(name)
@@ -163,8 +174,6 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
                     free.append(slot)
                 log(f"{name}: {trial.state}" + (f", {sweep.objective}={trial.objective:.4g}" if trial.objective is not None else "")
                     + (f" ({_short(trial.reason)})" if trial.reason and trial.state != C.STATE_SUCCEEDED else ""))
-        if spec.early_stopping is not None and active:
-            _early_stop(sweep, client, spec, active, log)
         sweep.save()
     planned = [sweep.trial(tj.name) for _, tj in plan]
     sweep.state = C.STATE_SUCCEEDED if all(t.state in SWEEP_DONE for t in planned) else C.STATE_FAILED
@@ -174,12 +183,22 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
 
 
 def _interrupt(sweep: Sweep, client: Any, log: Callable[[str], None]) -> None:
-    """Cancel the trials still running; they resume from their checkpoints on the next run."""
+    """Cancel the trials still running; they resume from their checkpoints on the next run.
+
+    Asks each unfinished trial's job rather than trusting ``sweep.json``: the interrupt may have come
+    between a submission and its record.
+    """
     for trial in sweep.trials:
-        if trial.state != C.STATE_RUNNING or not trial.job:
+        ref = trial.job or _ref_from_run_dir(trial)
+        if trial.state in SWEEP_DONE or ref is None:
             continue
-        with contextlib.suppress(KubetuneError):
-            client.cancel(_ref(trial.job))
+        try:
+            if client.status(_ref(ref)).terminal:
+                continue
+            client.cancel(_ref(ref))
+        except KubetuneError:
+            continue
+        trial.job = ref
         trial.state, trial.reason, trial.finished_at = C.TRIAL_INTERRUPTED, "the sweep was interrupted", time.time()
         log(f"{trial.name}: interrupted (rerun the sweep to resume it)")
     sweep.state, sweep.pid = C.TRIAL_INTERRUPTED, None
@@ -211,7 +230,7 @@ def _open_sweep(directory: Path, sweep_id: str, job: TuneJob, spec: SweepSpec, b
 
 
 # --- following trials ------------------------------------------------------------------------
-def _submit(trial: Trial, job: TuneJob, client: Any, env: dict[str, str], sweep: Sweep) -> None:
+def _submit(trial: Trial, job: TuneJob, client: Any, env: dict[str, str]) -> None:
     resumable = bool(job.training.resume == "auto" and trial.attempts and _has_checkpoint(trial))
     with _environ(env):
         ref = client.submit(job)
@@ -239,8 +258,9 @@ def _refresh(trial: Trial, client: Any, objective: str) -> None:
         return
     trial.step, trial.total_steps = st.step, st.total_steps or trial.total_steps
     if st.terminal:
-        trial.state = st.state
-        trial.reason = st.reason
+        if not (trial.state == C.TRIAL_INTERRUPTED and st.state == C.STATE_CANCELLED):  # keep saying why it stopped
+            trial.state = st.state
+            trial.reason = st.reason
         trial.finished_at = st.finished_at or trial.finished_at or time.time()
     else:
         trial.state = C.STATE_RUNNING
@@ -299,12 +319,15 @@ def _events(trial: Trial, client: Any) -> list[dict]:
 
 
 # --- early stopping and local slots ----------------------------------------------------------
-def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Trial], log: Callable[[str], None]) -> None:
+def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Trial]) -> None:
+    """Cancel the running trials the median rule condemns; they become ``pruned`` (and are not rerun)."""
     rule = spec.early_stopping
     assert rule is not None
     metric = DURING_TRAINING.get(sweep.objective, sweep.objective)
     histories = {t.name: _history(t, client, metric) for t in sweep.trials if t.state != C.STATE_PENDING}
-    for name, trial in list(active.items()):
+    for name, trial in active.items():
+        if trial.terminal:
+            continue
         others = [h for n, h in histories.items() if n != name]
         verdict = median_stop(histories.get(name, []), others, direction=sweep.direction, min_trials=rule.min_trials, grace_steps=rule.grace_steps)
         if verdict is None:
@@ -315,8 +338,6 @@ def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Tr
         trial.state, trial.finished_at = C.TRIAL_PRUNED, time.time()
         trial.reason = f"stopped early at step {step}: best {metric} {best:.4g} is worse than the median {median:.4g} of other trials"
         trial.objective = trial.objective if trial.objective is not None else best
-        del active[name]
-        log(f"{name}: {trial.reason}")
 
 
 def _history(trial: Trial, client: Any, metric: str) -> list[tuple[int, float]]:
@@ -384,16 +405,19 @@ def refresh_sweep(sweep: Sweep, client: Any = None) -> Sweep:
 
         client = Client(sweep.backend)
     with sweep_lock(sweep.path) as free:
-        for trial in sweep.trials:
-            if trial.state not in SWEEP_DONE or _local_run(trial):
-                with contextlib.suppress(KubetuneError):
-                    _refresh(trial, client, sweep.objective)
+        running = not free  # released at once: a status must never keep a rerun from starting
+    for trial in sweep.trials:
+        if trial.state not in SWEEP_DONE or _local_run(trial):
+            with contextlib.suppress(KubetuneError):
+                _refresh(trial, client, sweep.objective)
+    if running:
+        sweep.state = C.STATE_RUNNING
+        return sweep
+    if sweep.state == C.STATE_RUNNING:
+        sweep.state, sweep.pid = C.TRIAL_INTERRUPTED, None
+    with sweep_lock(sweep.path) as free:
         if free:
-            if sweep.state == C.STATE_RUNNING:
-                sweep.state, sweep.pid = C.TRIAL_INTERRUPTED, None
             sweep.save()
-        else:
-            sweep.state = C.STATE_RUNNING
     return sweep
 
 

@@ -17,7 +17,7 @@ from kubetune.sweep_state import sweep_lock
 
 from .backend_double import InstantBackend
 
-GOOD, FINE, BAD = 1e-3, 2e-3, 5e-2
+GOOD, FINE, BAD, LATE = 1e-3, 2e-3, 5e-2, 4e-3
 
 
 def curve(job) -> list[float]:
@@ -56,20 +56,21 @@ def job(tiny_job, tmp_path):
 def test_median_rule_stops_the_bad_trial_and_a_rerun_leaves_it_stopped(double, job):
     backend = double()
     lines: list[str] = []
-    sweep = run_sweep(
-        job(objective="train_loss", parallel=1, early_stopping={"min_trials": 2, "grace_steps": 2}),
-        backend="double", run_id="es", log=lines.append,
-    )
+    spec = job(objective="train_loss", parallel=1, early_stopping={"min_trials": 2, "grace_steps": 2},
+               grid={"training.learning_rate": [GOOD, FINE, BAD, LATE]})
+    sweep = run_sweep(spec, backend="double", run_id="es", log=lines.append)
     by_lr = {t.values["training.learning_rate"]: t for t in sweep.trials}
     assert by_lr[BAD].state == C.TRIAL_PRUNED and by_lr[BAD].step == 2
     assert "worse than the median" in by_lr[BAD].reason
+    assert any(line.startswith(f"{by_lr[BAD].name}: pruned") and "stopped early at step 2" in line for line in lines)
     assert backend.cancelled == [by_lr[BAD].name]
-    assert by_lr[GOOD].state == by_lr[FINE].state == C.STATE_SUCCEEDED
+    # the stopped trial's slot goes to the next one
+    assert by_lr[GOOD].state == by_lr[FINE].state == by_lr[LATE].state == C.STATE_SUCCEEDED
     assert sweep.state == C.STATE_SUCCEEDED and sweep.best().name == by_lr[GOOD].name
-    assert [t.name for t in sweep.ranked()] == [by_lr[GOOD].name, by_lr[FINE].name, by_lr[BAD].name]
+    assert [t.name for t in sweep.ranked()][-1] == by_lr[BAD].name
 
     again = double()
-    rerun = run_sweep(job(objective="train_loss", parallel=1, early_stopping={"min_trials": 2, "grace_steps": 2}), backend="double", run_id="es")
+    rerun = run_sweep(spec, backend="double", run_id="es")
     assert again.submitted == []  # succeeded and stopped trials are not run again
     assert rerun.trial(by_lr[BAD].name).state == C.TRIAL_PRUNED
 
@@ -149,3 +150,23 @@ def test_reports_are_written_when_a_sweep_ends(double, job, tmp_path):
     assert (d / C.SWEEP_RESULTS_CSV).read_text().splitlines()[0].startswith("rank,trial,best,training.learning_rate,state,eval_loss")
     assert (d / C.SWEEP_PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sweep.best().name in (d / C.SWEEP_REPORT).read_text()
+
+
+def test_a_trial_that_cannot_be_submitted_fails_alone(double, job, monkeypatch):
+    backend = double()
+    submit = backend.submit
+
+    def refuse_bad(trial_job):
+        if trial_job.training.learning_rate == BAD:
+            raise BackendError("quota exceeded in namespace default")
+        return submit(trial_job)
+
+    monkeypatch.setattr(backend, "submit", refuse_bad)
+    sweep = run_sweep(job(parallel=1), backend="double", run_id="quota")
+    by_lr = {t.values["training.learning_rate"]: t for t in sweep.trials}
+    assert by_lr[BAD].state == C.STATE_FAILED and "quota exceeded" in by_lr[BAD].reason
+    assert by_lr[GOOD].state == by_lr[FINE].state == C.STATE_SUCCEEDED
+    assert sweep.state == C.STATE_FAILED
+    again = double()
+    run_sweep(job(parallel=1), backend="double", run_id="quota")
+    assert again.submitted == [by_lr[BAD].name]  # a rerun tries the failed trial again, and only it
