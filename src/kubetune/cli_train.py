@@ -30,13 +30,18 @@ def presets(
         return
     names = preset_names()
     values = {n: preset_values(n) for n in names}
-    out = Console(highlight=False)
+    # Wide enough for the whole table: a cut field name or value is useless (a narrow terminal wraps the lines).
+    fields = list(dict.fromkeys(path for n in names for path in values[n]))
+    shown = [[path, *(_show(values[n].get(path, "-")) for n in names)] for path in fields]
+    needed = sum(max(len(row[i]) for row in [["FIELD", *names], *shown]) + 2 for i in range(len(names) + 1))
+    out = Console(highlight=False, width=max(Console().width, needed))
     for n in names:
         out.print(f"[bold]{n:<6}[/] {load_preset(n).get('description', '')}")
-    table = Table("FIELD", *names, box=None, pad_edge=False)
-    fields = list(dict.fromkeys(path for n in names for path in values[n]))
-    for path in fields:
-        table.add_row(path, *(_show(values[n].get(path, "-")) for n in names))
+    table = Table(box=None, pad_edge=False)
+    for title in ("FIELD", *names):
+        table.add_column(title, no_wrap=True)
+    for row in shown:
+        table.add_row(*row)
     out.print()
     out.print(table)
     out.print(
