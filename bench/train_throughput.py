@@ -1,0 +1,135 @@
+"""Training throughput: kubetune's tokens/s vs a bare TRL SFTTrainer script, and packing vs unpacked TRL.
+
+Part 1, same work: the quickstart settings (builtin tiny model, examples/data/capitals.jsonl, LoRA r16 on all
+linear layers + tied embeddings, batch 8, lr 3e-3, max length 256, seed 42, CPU) for ``--steps`` steps,
+through `kubetune run` and through bench/_trl_baseline.py. Target: kubetune >= 0.95x the baseline's tokens/s.
+
+Part 2, packing: a generated mixed-length chat dataset (answers from one sentence to a few hundred
+tokens, seeded) with ``training.packing: true`` in kubetune against the same data unpacked (padded
+batches) in the bare TRL script: the ratio of non-padding tokens/s.
+
+Both count non-padding input tokens from the trainer's first hook to its last loss log. One untimed warm-up
+per side, then ``--runs`` runs each, interleaved (baseline, kubetune, ...), medians reported.
+
+    .venv/bin/python bench/train_throughput.py                # 3 runs each, 30 steps
+    .venv/bin/python bench/train_throughput.py --write-docs   # record the result in docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, median, write_section  # noqa: E402
+from overhead import CAPITALS, bench_env, interleave, run_baseline, run_kubetune  # noqa: E402
+
+SECTION = "## Training throughput: kubetune vs bare TRL, and packing (bench/train_throughput.py)"
+
+_FACTS = [
+    "{c} is the capital of {k}.",
+    "The government of {k} sits in {c}.",
+    "Many visitors to {k} start their trip in {c}.",
+    "{c} is also the largest city of {k} by some measures.",
+    "Maps of {k} mark {c} with a star.",
+]
+_PLACES = [("France", "Paris"), ("Japan", "Tokyo"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Norway", "Oslo"), ("Egypt", "Cairo"), ("Canada", "Ottawa"), ("India", "New Delhi")]
+
+
+def mixed_length_data(path: Path, rows: int = 400, seed: int = 7) -> Path:
+    """Chat rows whose answers range from one sentence to dozens (long-tailed), as real SFT data does."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(rows):
+            k, c = rng.choice(_PLACES)
+            n = min(40, max(1, int(rng.paretovariate(1.2))))  # mostly short, a few long
+            answer = " ".join(rng.choice(_FACTS).format(k=k, c=c) for _ in range(n))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Tell me about the capital of {k}."}, {"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3, help="runs of each side per comparison (default 3)")
+    p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    p.add_argument("--skip-packing", action="store_true")
+    p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
+    a = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="kubetune-bench-throughput-"))
+    env = bench_env(work / "home")
+    steps = a.steps
+    # No evaluation and one save at the end: the measured loop is training steps only, on both sides.
+    k_same = [f"training.max_steps={steps}", "dataset.eval_split=0", f"training.save_steps={steps}"]
+    b_same = ["--data", str(CAPITALS), "--max-steps", str(steps), "--eval-split", "0", "--save-steps", str(steps)]
+    try:
+        print(f"part 1: same work, {steps} steps, {a.runs} runs each (after one warm-up each)")
+        run_baseline(work / "wb", env, b_same)
+        run_kubetune(work / "wk", env, k_same)
+        base, kt = interleave(a.runs, lambda i: run_baseline(work / f"b{i}", env, b_same), lambda i: run_kubetune(work / f"k{i}", env, k_same))
+        packed = None
+        if not a.skip_packing:
+            data = mixed_length_data(work / "mixed.jsonl")
+            k_pack = [f"dataset.source={data}", "training.packing=true", *k_same]
+            b_pad = ["--data", str(data), *b_same[2:]]
+            print(f"part 2: packing on a mixed-length dataset ({data}), {a.runs} runs each")
+            run_baseline(work / "wpb", env, b_pad)
+            run_kubetune(work / "wpk", env, k_pack)
+            packed = interleave(a.runs, lambda i: run_baseline(work / f"pb{i}", env, b_pad), lambda i: run_kubetune(work / f"pk{i}", env, k_pack))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def tps(rs):
+        return median([r["tokens_per_second"] for r in rs])
+
+    ratio = tps(kt) / tps(base)
+    verdict = "meets" if ratio >= 0.95 else "MISSES"
+    lines = [
+        f"Part 1, the same work: the quickstart settings for {steps} steps (no evaluation, one save at the end) through",
+        "`kubetune run` and through bench/_trl_baseline.py (bare TRL SFTTrainer, same model, data, LoRA config, batch,",
+        f"lr, schedule, max length, seed). {a.runs} runs each after one warm-up each, interleaved. Tokens/s counts",
+        "non-padding input tokens over the training loop on both sides.",
+        "",
+        "| | bare TRL | kubetune | ratio |",
+        "|---|---|---|---|",
+        f"| tokens/s (median) | {tps(base):.1f} | {tps(kt):.1f} | **{ratio:.3f}** (target >= 0.95: {verdict}) |",
+        f"| tokens/s per run | {', '.join(str(r['tokens_per_second']) for r in base)} | {', '.join(str(r['tokens_per_second']) for r in kt)} | |",
+        f"| tokens per run | {base[0]['tokens']} | {kt[0]['tokens']} | |",
+    ]
+    if packed:
+        pb, pk = packed
+        pr = tps(pk) / tps(pb)
+        lines += [
+            "",
+            f"Part 2, packing: a generated mixed-length chat dataset (400 rows, answers of 1 to 40 sentences, long-tailed),",
+            f"max length 256, batch 8, {steps} steps: kubetune with `training.packing: true` (rows packed into full",
+            "256-token sequences, attention kept within each row) against the bare TRL script unpacked (each batch",
+            "padded to its longest row). Both count non-padding tokens.",
+            "",
+            "| | bare TRL, unpacked | kubetune, packed | ratio |",
+            "|---|---|---|---|",
+            f"| tokens/s (median) | {tps(pb):.1f} | {tps(pk):.1f} | **{pr:.2f}x** |",
+            f"| tokens/s per run | {', '.join(str(r['tokens_per_second']) for r in pb)} | {', '.join(str(r['tokens_per_second']) for r in pk)} | |",
+            f"| tokens per run ({steps} steps) | {pb[0]['tokens']} | {pk[0]['tokens']} | |",
+        ]
+    cmd = "python bench/train_throughput.py" + (f" --steps {steps}" if steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + " --write-docs"
+    lines += [
+        "",
+        f"Command: `{cmd}`. Machine: {machine()}. Ran on the shared 2-core development machine while other people's",
+        "tests ran, so single runs are noisy; read the medians of the interleaved runs.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if a.write_docs:
+        write_section(SECTION, body)
+        print("recorded in docs/benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
