@@ -520,11 +520,43 @@ class K8sTrainJobSpec(_Section):
     _check_runtime = field_validator("runtime")(lambda cls, v: _k8s_name(v, "runtime name"))
 
 
+class K8sKaitoSpec(_Section):
+    """Options of the kaito flavour (a Kaito tuning Workspace, kaito.sh/v1beta1)."""
+
+    instance_type: str | None = Field(
+        None,
+        description="GPU node SKU Kaito provisions (resource.instanceType), e.g. Standard_NC24ads_A100_v4; unset when Kaito's "
+        "node auto-provisioning is off (then kubernetes.node_selector selects your GPU nodes).",
+    )
+    preset: str | None = Field(
+        None,
+        description="Kaito model preset to tune (tuning.preset.name); default: the hf:// model's name lowercased, "
+        "e.g. hf://microsoft/Phi-3-mini-4k-instruct -> phi-3-mini-4k-instruct (a guess: set it when Kaito names the model otherwise).",
+    )
+    push_secret: str | None = Field(
+        None, description="Secret with registry credentials Kaito pushes the adapter image (output.uri) with (tuning.output.imagePushSecret)."
+    )
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]*", v):
+            raise ValueError(f"'{v}' is not an instance type (a cloud SKU name such as Standard_NC24ads_A100_v4)")
+        return v
+
+    @field_validator("preset", "push_secret")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        return None if v is None else _k8s_name(v)
+
+
 class KubernetesSpec(_Section):
     """How the job runs on Kubernetes (used by the kubernetes backend and `kubetune render`)."""
 
-    flavor: Literal["job", "pytorchjob", "trainjob"] = Field(
-        "job", description="job: batch/v1 Job (no operator); pytorchjob: Kubeflow training operator; trainjob: Kubeflow Trainer v2."
+    flavor: Literal["job", "pytorchjob", "trainjob", "kaito"] = Field(
+        "job",
+        description="job: batch/v1 Job (no operator); pytorchjob: Kubeflow training operator; trainjob: Kubeflow Trainer v2; "
+        "kaito: a Kaito tuning Workspace (lora/qlora on Kaito's preset models; render only).",
     )
     namespace: str | None = Field(None, description="Namespace (default: the kubeconfig context's, else 'default').")
     image: str | None = Field(
@@ -555,6 +587,7 @@ class KubernetesSpec(_Section):
     active_deadline_seconds: int | None = Field(None, ge=1, description="Stop the job after this many seconds.")
     staging_uri: str | None = Field(None, description="s3:// prefix where `kubetune run` uploads local model/dataset files.")
     trainjob: K8sTrainJobSpec = Field(default_factory=K8sTrainJobSpec, description="Options of the trainjob flavour.")
+    kaito: K8sKaitoSpec = Field(default_factory=K8sKaitoSpec, description="Options of the kaito flavour.")
 
     _check_shm = field_validator("shm_size")(lambda cls, v: _k8s_quantity(v))
 

@@ -2,7 +2,7 @@
 
 - Core kinds (Job, Service, ConfigMap, PersistentVolumeClaim, Pod): ``kubernetes-validate`` in strict mode
   (unknown fields are errors) against the oldest Kubernetes we support and the newest it ships.
-- Custom resources (PyTorchJob, TrainJob): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
+- Custom resources (PyTorchJob, TrainJob, Kaito's Workspace): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
   ``jsonschema``, plus an unknown-field walk (a structural schema prunes unknown fields silently; we want to
   hear about them), plus the CEL rules the plain schema cannot express, plus each embedded pod template
   checked again as a core Pod.
@@ -26,6 +26,7 @@ CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Se
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow-training-operator-v1.9/kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "kubeflow-trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
+    ("kaito.sh/v1beta1", "Workspace"): "kaito/kaito.sh_workspaces.yaml",
 }
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

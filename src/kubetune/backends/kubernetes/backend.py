@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ... import constants as C
-from ...errors import BackendError, JobNotFound
+from ...errors import BackendError, JobNotFound, SpecError
 from ...events import JobStatus, parse_event_line, status_from_events
 from ...spec import TuneJob
 from ..base import JobRef
@@ -81,6 +81,14 @@ class KubernetesBackend:
             BackendError: staging or an API call failed (the message says what to do).
         """
         flavor = self._flavor or job.kubernetes.flavor
+        if flavor == "kaito":
+            render(job, flavor)  # what Kaito cannot run is said first
+            raise SpecError(
+                "kubernetes.flavor kaito: kubetune renders Kaito Workspaces but does not submit or follow them "
+                "(Kaito's pods carry neither kubetune's labels nor its worker's progress)",
+                hint=f"kubetune render SPEC --flavor kaito | kubectl apply -f -   then   kubectl get workspace {job.name} -w; "
+                "see docs/kubernetes.md",
+            )
         run_id = f"{job.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
         render(job, flavor)  # spec errors before any upload or API call
         stage_inputs(job, push=self._push)

@@ -8,6 +8,8 @@
   (default ``torch-distributed``), ``trainer`` with numNodes/numProcPerNode/resourcesPerNode, and the pod's
   volumes and placement as a ``runtimePatches`` entry. Runtimes cannot gain init containers through a patch,
   so the trainer container fetches its inputs itself before starting the worker (or Kubeflow's initializers do).
+- ``kaito``: kaito.sh/v1beta1 Workspace (``kaito.py``): Kaito's own trainer on its preset models, configured by a
+  ConfigMap generated from the resolved spec; render only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ... import constants as C
 from ...errors import SpecError
 from ...spec import TuneJob
 from . import pod as P
+from .kaito import render_kaito
 
 __all__ = ["FLAVORS", "RenderContext"]
 
@@ -263,4 +266,5 @@ FLAVORS: dict[str, Callable[[RenderContext], list[dict]]] = {
     "job": render_job,
     "pytorchjob": render_pytorchjob,
     "trainjob": render_trainjob,
+    "kaito": render_kaito,  # a Kaito tuning Workspace (kaito.py): render only
 }

@@ -32,13 +32,13 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
 
     Args:
         job: the validated job.
-        flavor: ``job``, ``pytorchjob`` or ``trainjob`` (default: ``kubernetes.flavor``).
+        flavor: ``job``, ``pytorchjob``, ``trainjob`` or ``kaito`` (default: ``kubernetes.flavor``).
         run_id: a submission id added as a label (``kubetune run`` sets it; renders leave it out).
         namespace: overrides ``kubernetes.namespace``; with neither, objects carry no namespace.
 
     Returns:
         ConfigMap (the spec), PersistentVolumeClaim (when one is created), Service (multi-node ``job``),
-        then the workload, as plain dicts.
+        then the workload, as plain dicts. ``kaito``: the ConfigMap of Kaito's training config, then the Workspace.
 
     Raises:
         SpecError: the spec cannot run on a cluster as written (the message names the field).
@@ -46,6 +46,10 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
     flavor = flavor or job.kubernetes.flavor
     if flavor not in FLAVORS:
         raise SpecError(f"unknown flavor '{flavor}'; choose one of: {', '.join(FLAVORS)}")
+    if flavor == "kaito":  # what Kaito cannot run is said first, in Kaito's terms
+        from .kaito import check as kaito_check
+
+        kaito_check(job)
     P.resources(job)  # resource names and quantities first: they explain an image error too
     ctx = RenderContext(
         job=job,
@@ -55,6 +59,8 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
         inputs=tuple(P.cluster_inputs(job)),
         image=P.default_image(job),
     )
+    if flavor == "kaito":  # Kaito builds the pod itself: no spec ConfigMap, no PVC
+        return copy.deepcopy(FLAVORS[flavor](ctx))
     names = P.names(job)
     objects = [
         {

@@ -1,0 +1,339 @@
+"""The kaito flavour: a Kaito tuning Workspace plus the ConfigMap of its training config, from the resolved spec.
+
+The Workspace validates against Kaito's CRD (v1beta1), the ConfigMap with kubernetes-validate; the rules of
+Kaito's admission webhook that a schema cannot hold are checked here (`_kaito_webhook`), and the training
+config carries exactly the values kubetune's own engine would train with.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubetune import constants as C
+from kubetune.backends.kubernetes import render, render_text
+from kubetune.errors import SpecError
+from kubetune.spec import load_spec
+
+from .k8s_validate import validate_all
+from .specs import merge
+
+REPO = Path(__file__).resolve().parents[3]
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("KUBETUNE_UPDATE_GOLDEN") == "1"
+
+KAITO = {
+    "name": "phi3-capitals",
+    "model": {"source": "hf://microsoft/Phi-3-mini-4k-instruct"},
+    "dataset": {"source": "https://example.com/data/capitals.jsonl"},
+    "method": {"type": "lora"},
+    "training": {"epochs": 2, "batch_size": 4},
+    "output": {"uri": "oci://registry.example.com/adapters/phi3-capitals:0.1.0"},
+    "resources": {"accelerators": 1},
+    "kubernetes": {
+        "flavor": "kaito",
+        "namespace": "ml",
+        "kaito": {"instance_type": "Standard_NC24ads_A100_v4", "push_secret": "registry-push"},
+    },
+}
+
+
+def _spec(**over) -> dict:
+    return merge(KAITO, over)
+
+
+def _job(overrides: list[str] | None = None, **over):
+    return load_spec(_spec(**over), overrides)
+
+
+def _config(objects: list[dict]) -> dict:
+    return yaml.safe_load(objects[0]["data"][C.K8S_KAITO_CONFIG_KEY])["training_config"]
+
+
+def _kaito_webhook(objects: list[dict]) -> None:
+    """What Kaito's webhook checks on create (api/v1beta1 workspace_validation.go, tuning_config_validation.go)."""
+    cm, ws = objects
+    tuning = ws["tuning"]
+    assert tuning["method"] in ("lora", "qlora")
+    assert tuning["config"] == cm["metadata"]["name"] and cm["metadata"].get("namespace") == ws["metadata"].get("namespace")
+    assert tuning["preset"]["name"]
+    sources = [k for k in ("urls", "image", "volumeSource") if tuning["input"].get(k)]
+    assert len(sources) == 1, f"exactly one of urls, image, volume: {tuning['input']}"
+    assert tuning["output"]["image"] and tuning["output"]["imagePushSecret"]
+    assert ws["resource"].get("count", 1) == 1 and "partition" not in ws["resource"]
+    assert ws["resource"]["labelSelector"]["matchLabels"]
+    text = cm["data"]["training_config.yaml"]
+    sections = yaml.safe_load(text)["training_config"]
+    assert set(sections) <= {"ModelConfig", "QuantizationConfig", "LoraConfig", "TrainingArguments", "DatasetConfig", "DataCollator"}
+    out = sections["TrainingArguments"]["output_dir"]
+    clean = os.path.normpath(out if out.startswith("/mnt") else os.path.join("/mnt", out))
+    assert clean != "/mnt" and clean.startswith("/mnt/"), f"Kaito refuses output_dir {out!r}"
+    four = sections["QuantizationConfig"].get("load_in_4bit", False)
+    assert four is (tuning["method"] == "qlora"), "qlora needs load_in_4bit, lora must not set it"
+
+
+# --- renders ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_lora_and_qlora_render_valid_objects(method):
+    objects = render(_job(method={"type": method}))  # kubernetes.flavor: kaito picks the flavour
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Workspace"]
+    validate_all(objects)  # ConfigMap: kubernetes-validate strict; Workspace: the v1beta1 CRD schema, names
+    _kaito_webhook(objects)
+    cm, ws = objects
+    assert ws["apiVersion"] == "kaito.sh/v1beta1"
+    assert ws["metadata"]["name"] == "phi3-capitals" and cm["metadata"]["name"] == "phi3-capitals-kaito-config"
+    for o in objects:
+        assert o["metadata"]["namespace"] == "ml"
+        assert o["metadata"]["labels"] == {C.LABEL_MANAGED_BY: C.MANAGED_BY_VALUE, C.LABEL_JOB: "phi3-capitals", C.LABEL_FLAVOR: "kaito"}
+    assert ws["resource"] == {"instanceType": "Standard_NC24ads_A100_v4", "labelSelector": {"matchLabels": {C.LABEL_JOB: "phi3-capitals"}}}
+    assert ws["tuning"] == {
+        "preset": {"name": "phi-3-mini-4k-instruct"},
+        "method": method,
+        "config": "phi3-capitals-kaito-config",
+        "input": {"name": "phi3-capitals", "urls": ["https://example.com/data/capitals.jsonl"]},
+        "output": {"image": "registry.example.com/adapters/phi3-capitals:0.1.0", "imagePushSecret": "registry-push"},
+    }
+    assert render_text(render(_job(method={"type": method}))) == render_text(objects)  # deterministic
+
+
+def test_flag_picks_kaito_and_namespace_override():
+    spec = _spec()
+    spec["kubernetes"]["flavor"] = "job"
+    spec["kubernetes"].pop("namespace")
+    objects = render(load_spec(spec), "kaito", namespace="team-b")
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Workspace"]
+    assert {o["metadata"]["namespace"] for o in objects} == {"team-b"}
+    no_ns = render(load_spec(spec), "kaito")
+    assert all("namespace" not in o["metadata"] for o in no_ns)  # like the other flavours: none unless asked
+    validate_all(no_ns)
+
+
+def test_config_holds_the_resolved_hyperparameters():
+    from kubetune.training.model import precision
+
+    gpu = {"type": "cuda", "bf16": True, "name": "A100"}
+    # qlora preset (dropout 0.05, warmup 0.03, clip 0.3, checkpointing) + the user's overrides
+    job = _job(
+        ["method.lora.r=64", "training.learning_rate=5e-5", "training.gradient_accumulation_steps=4"],
+        method={"type": "qlora"},
+        dataset={"eval_split": 0.1},
+    )
+    cfg = _config(render(job))
+    lora, args, quant = cfg["LoraConfig"], cfg["TrainingArguments"], cfg["QuantizationConfig"]
+    assert lora["r"] == 64 == job.method.lora.r
+    assert lora["lora_alpha"] == job.method.lora.alpha == 32
+    assert lora["lora_dropout"] == job.method.lora.dropout == 0.05  # from the qlora preset
+    assert lora["bias"] == "none"
+    assert args["learning_rate"] == 5e-5
+    assert args["num_train_epochs"] == job.training.epochs == 2 and "max_steps" not in args
+    assert args["per_device_train_batch_size"] == 4
+    assert args["gradient_accumulation_steps"] == job.accumulation_steps == 4
+    assert args["lr_scheduler_type"] == job.training.lr_scheduler == "cosine"
+    assert args["warmup_ratio"] == job.training.warmup_ratio == 0.03
+    assert args["max_grad_norm"] == job.training.max_grad_norm == 0.3
+    assert args["weight_decay"] == job.training.weight_decay
+    assert args["gradient_checkpointing"] is True
+    assert args["seed"] == job.training.seed and args["save_strategy"] == "epoch" and args["save_total_limit"] == 2
+    assert args["eval_strategy"] == "epoch"  # kubetune evaluates whenever it checkpoints
+    prec = precision(job, gpu)  # what kubetune's engine would load and compute in on a bf16 GPU
+    assert cfg["ModelConfig"] == {"torch_dtype": prec.weights, "local_files_only": True, "device_map": "auto"}
+    assert quant == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": prec.compute_4bit, "bnb_4bit_use_double_quant": True}
+    assert args["bf16"] is (prec.amp == "bf16") and args["fp16"] is False
+    assert cfg["DataCollator"] == {"mlm": False}
+    assert cfg["DatasetConfig"] == {"shuffle_dataset": True, "shuffle_seed": 42, "train_test_split": 0.9}
+
+
+def test_lora_steps_and_no_quantization():
+    job = _job(["training.max_steps=300", "training.save_steps=50", "training.warmup_steps=10", "model.dtype=float16"])
+    cfg = _config(render(job))
+    assert cfg["QuantizationConfig"] == {"load_in_4bit": False}
+    assert cfg["LoraConfig"]["lora_dropout"] == 0.0  # the lora preset, not qlora's
+    args = cfg["TrainingArguments"]
+    assert args["max_steps"] == 300 and args["save_strategy"] == "steps" and args["save_steps"] == 50
+    assert args["warmup_steps"] == 10 and "warmup_ratio" not in args
+    assert cfg["ModelConfig"]["torch_dtype"] == "float16" and args["fp16"] is True and args["bf16"] is False
+    assert "eval_strategy" not in args and cfg["DatasetConfig"]["train_test_split"] == 1.0
+    assert args["gradient_checkpointing"] is False
+
+
+def test_config_keys_are_fields_kaitos_parsers_know():
+    """Kaito parses each section with HfArgumentParser, which fails on unknown keys: every key must be a field."""
+    import dataclasses
+    import inspect
+
+    import transformers
+    from peft import LoraConfig
+    from transformers import BitsAndBytesConfig, DataCollatorForLanguageModeling, TrainingArguments
+
+    # Kaito's tuning image pins transformers 4.50 (presets/workspace/dependencies/requirements.txt); these keys
+    # exist there and were removed in transformers 5, which may be the one installed here.
+    removed_in_5 = {"warmup_ratio"} if int(transformers.__version__.split(".")[0]) >= 5 else set()
+
+    for method in ("lora", "qlora"):
+        cfg = _config(render(_job(["training.save_steps=10", "training.eval_steps=5"], method={"type": method}, dataset={"eval_split": 0.2})))
+        fields = {
+            "TrainingArguments": {f.name for f in dataclasses.fields(TrainingArguments)} | removed_in_5,
+            "LoraConfig": {f.name for f in dataclasses.fields(LoraConfig)},
+            "DataCollator": {f.name for f in dataclasses.fields(DataCollatorForLanguageModeling)},
+            "QuantizationConfig": set(inspect.signature(BitsAndBytesConfig.__init__).parameters),
+            # Kaito's own classes (presets/workspace/tuning/text-generation/cli.py)
+            "ModelConfig": {"torch_dtype", "local_files_only", "device_map", "trust_remote_code", "revision", "chat_template"},
+            "DatasetConfig": {"shuffle_dataset", "shuffle_seed", "train_test_split", "dataset_path", "response_column", "messages_column", "context_column"},
+        }
+        for section, values in cfg.items():
+            unknown = set(values) - fields[section]
+            assert not unknown, f"{section}: {unknown} would stop Kaito's parser"
+            for key, value in values.items():  # flattened to CLI args: scalars or lists of scalars only
+                assert not isinstance(value, dict), f"{section}.{key}"
+                assert not isinstance(value, list) or all(isinstance(v, str) for v in value), f"{section}.{key}"
+
+
+# --- mapping details -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "source, preset, targets, expected",
+    [
+        ("hf://microsoft/Phi-3-mini-4k-instruct", None, "all-linear", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+        ("hf://meta-llama/Llama-3.1-8B-Instruct@main", None, "attention", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        ("hf://tiiuae/falcon-7b", None, "mlp", ["dense_h_to_4h", "dense_4h_to_h"]),
+        ("s3://models/my-llama", "llama-3.1-8b-instruct", "all-linear", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        ("hf://org/SomethingNew-7B", None, ["q_proj", "v_proj"], ["q_proj", "v_proj"]),
+    ],
+)
+def test_preset_and_target_modules(source, preset, targets, expected):
+    kaito = {"instance_type": "Standard_NC24ads_A100_v4", "push_secret": "registry-push"}
+    if preset:
+        kaito["preset"] = preset
+    job = _job(model={"source": source}, method={"type": "lora", "lora": {"target_modules": targets}}, kubernetes={"kaito": kaito})
+    objects = render(job)
+    want = preset or source.split("/")[-1].split("@")[0].lower()
+    assert objects[1]["tuning"]["preset"]["name"] == want
+    assert _config(objects)["LoraConfig"]["target_modules"] == expected
+
+
+def test_oci_dataset_is_an_input_image_with_pull_secrets():
+    job = _job(dataset={"source": "oci://registry.example.com/data/capitals:1"}, kubernetes={"image_pull_secrets": ["registry-pull"]})
+    objects = render(job)
+    validate_all(objects)
+    _kaito_webhook(objects)
+    assert objects[1]["tuning"]["input"] == {"name": "phi3-capitals", "image": "registry.example.com/data/capitals:1", "imagePullSecrets": ["registry-pull"]}
+
+
+def test_own_gpu_nodes_by_node_selector():
+    spec = _spec(kubernetes={"node_selector": {"accelerator": "nvidia-a100"}})
+    del spec["kubernetes"]["kaito"]["instance_type"]  # Kaito's node auto-provisioning off: bring your nodes
+    objects = render(load_spec(spec))
+    validate_all(objects)
+    assert objects[1]["resource"] == {"labelSelector": {"matchLabels": {"accelerator": "nvidia-a100"}}}
+
+
+# --- what does not fit ----------------------------------------------------------------------------
+ERRORS = [
+    (dict(method={"type": "full"}), ["method.type full", "kaito tunes with lora or qlora; use --flavor job"]),
+    (dict(method={"type": "dora"}), ["method.type dora", "use --flavor job"]),
+    (dict(dataset={"source": "examples/data/capitals.jsonl"}), ["dataset.source", "local path", "Kaito's data-downloader fetches http(s) URLs or an image", "oci://"]),
+    (dict(dataset={"source": "s3://datasets/capitals.jsonl"}), ["dataset.source s3://", "Kaito's data-downloader fetches http(s) URLs or an image"]),
+    (dict(dataset={"source": "https://localhost:8080/capitals.jsonl"}), ["dataset.source", "localhost"]),
+    (dict(output={"uri": None}), ["output.uri (unset)", "only as an image", "oci://"]),
+    (dict(output={"uri": "s3://results/phi3"}), ["output.uri s3://results/phi3", "oci://"]),
+    (dict(dataset={"mix": [{"source": "https://example.com/more.jsonl"}]}), ["dataset.mix", "one dataset"]),
+    (dict(dataset={"eval_source": "https://example.com/eval.jsonl"}), ["dataset.eval_source", "dataset.eval_split"]),
+    (dict(resources={"accelerators": 2, "processes_per_node": 2}), ["resources.processes_per_node 2", "kubernetes.kaito.instance_type"]),
+    (dict(resources={"nodes": 2}), ["resources.nodes 2", "one node"]),
+    (dict(model={"source": "builtin://tiny-chat"}), ["model.source builtin://tiny-chat", "no Kaito preset"]),
+    (dict(model={"source": "s3://models/llama"}), ["model.source s3://models/llama", "kubernetes.kaito.preset"]),
+    (dict(kubernetes={"kaito": {"push_secret": None}}), ["kubernetes.kaito.push_secret"]),
+    (dict(resources={"accelerators": 1, "accelerator_type": "nvidia.com/mig-1g.10gb"}), ["resources.accelerator_type", "MIG"]),
+    (dict(kubernetes={"tolerations": [{"key": "gpu", "operator": "Exists"}], "shm_size": "8Gi"}), ["kubernetes.tolerations", "kubernetes.shm_size", "--flavor job"]),
+    (dict(resources={"memory": "32Gi"}), ["resources.memory"]),
+    (dict(model={"source": "hf://org/SomethingNew-7B"}), ["method.lora.target_modules all-linear", "SomethingNew-7B".lower()]),
+]
+
+
+@pytest.mark.parametrize("over, needles", ERRORS, ids=[", ".join(n[:1]) for _, n in ERRORS])
+def test_what_kaito_cannot_run_is_one_clear_error(over, needles):
+    with pytest.raises(SpecError) as e:
+        render(_job(**over))
+    text = f"{e.value.message}\n{e.value.hint or ''}"
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in: {text}"
+
+
+def test_no_instance_type_nor_node_selector():
+    spec = _spec()
+    del spec["kubernetes"]["kaito"]["instance_type"]
+    with pytest.raises(SpecError, match=r"kubernetes.kaito.instance_type") as e:
+        render(load_spec(spec))
+    assert "kubernetes.node_selector" in e.value.hint
+
+
+def test_secret_references_never_their_values(monkeypatch):
+    values = {"HF_TOKEN": "hf_SeCrEtTokenValue1234567890", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYSECRETKEY", "DOCKER_PASSWORD": "d0ck3r-pa55w0rd"}
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    job = _job(dataset={"source": "oci://registry.example.com/data/capitals:1"}, kubernetes={"image_pull_secrets": ["registry-pull"]})
+    for output in ("yaml", "json"):
+        text = render_text(render(job), output)
+        for name, value in values.items():
+            assert value not in text, f"{name}'s value leaked"
+        assert "registry-push" in text and "registry-pull" in text  # the Secrets by name only
+    assert "Secret" not in [o["kind"] for o in render(job)]
+    # kubetune's secret references have no place in a Kaito pod: refused, not dropped silently
+    with pytest.raises(SpecError, match=r"kubernetes.secrets"):
+        render(_job(kubernetes={"secrets": {"hf_token": "hf-token"}}))
+
+
+def test_golden():
+    objects = render(_job(method={"type": "qlora"}, dataset={"eval_split": 0.1}))
+    text = render_text(objects)
+    path = GOLDEN / "kaito-qlora-phi3.yaml"
+    if UPDATE_GOLDEN or not path.exists():
+        if not UPDATE_GOLDEN and os.environ.get("CI"):
+            pytest.fail(f"golden file {path.name} is missing; run KUBETUNE_UPDATE_GOLDEN=1 pytest tests/backends/kubernetes")
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"render changed; if intended: KUBETUNE_UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+# --- the CLI and the backend -----------------------------------------------------------------------
+def _kubetune(*args: str) -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        f"sys.argv = ['kubetune', *{list(args)!r}]\n"
+        "from kubetune.cli import main\n"
+        "try:\n    main()\n"
+        "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'peft', 'kubernetes') if m in sys.modules), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    env = {**os.environ, "KUBETUNE_HOME": os.environ.get("KUBETUNE_HOME", "/tmp/kth-kaito-tests")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+
+
+def test_cli_render_is_instant_and_errors_exit_2(tmp_path):
+    spec = _spec()
+    spec["kubernetes"]["flavor"] = "job"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    r = _kubetune("render", str(path), "--flavor", "kaito")
+    assert r.returncode == 0, r.stderr
+    assert [o["kind"] for o in yaml.safe_load_all(r.stdout)] == ["ConfigMap", "Workspace"]
+    assert "HEAVY []" in r.stderr, r.stderr  # no torch, transformers, peft or kubernetes client
+    bad = _kubetune("render", str(path), "--flavor", "kaito", "--set", "dataset.source=s3://datasets/capitals.jsonl")
+    assert bad.returncode == 2
+    assert "dataset.source s3://datasets/capitals.jsonl" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_run_refuses_and_points_at_kubectl_apply():
+    from kubetune.backends.kubernetes.backend import KubernetesBackend
+
+    backend = KubernetesBackend(namespace="ml", kubeconfig="/nonexistent/kubeconfig")
+    with pytest.raises(SpecError) as e:
+        backend.submit(_job())
+    assert "kubectl apply -f -" in e.value.hint and "kubetune render" in e.value.hint
+    assert backend._cluster is None  # refused before connecting: nothing was created
+    with pytest.raises(SpecError, match="method.type full"):  # a spec Kaito cannot run says that first
+        KubernetesBackend(flavor="kaito").submit(_job(method={"type": "full"}))
