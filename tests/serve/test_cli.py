@@ -12,7 +12,9 @@ import httpx
 from .conftest import API_KEY, free_port
 
 
-def test_kubetune_serve_process_answers_the_openai_client(artifacts, kubetune_cli, tmp_path):
+def test_kubetune_serve_process_answers_the_openai_client(artifacts, server, kubetune_cli, tmp_path):
+    """`kubetune serve RUN --adapter beta=DIR --api-key k` in its own process serves the same models, with the same
+    replies, as the in-process server built from the same run and adapter."""
     from openai import OpenAI
 
     port = free_port()
@@ -34,8 +36,12 @@ def test_kubetune_serve_process_answers_the_openai_client(artifacts, kubetune_cl
             time.sleep(0.3)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["capitals-bot", "tiny-chat", "beta"]
-        r = client.chat.completions.create(model="capitals-bot", messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
-        assert r.choices[0].finish_reason == "length"
+        ask = [{"role": "user", "content": "What is the capital of France?"}]
+        for model in ("capitals-bot", "beta", "tiny-chat"):
+            r = client.chat.completions.create(model=model, messages=ask, max_tokens=12)  # no temperature: the model's default (greedy)
+            want = server.client().chat.completions.create(model=model, messages=ask, max_tokens=12)
+            assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length", (model, r)
+            assert (r.choices[0].message.content, r.usage.prompt_tokens) == (want.choices[0].message.content, want.usage.prompt_tokens), model
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -314,7 +314,7 @@ class _Server:
         ]
 
     # -- engine outputs -> responses ----------------------------------------------------------------
-    def _submit(self, job: _Job) -> tuple[asyncio.Queue, list[EngineRequest]]:
+    def _submit(self, job: _Job, *, stream: bool) -> tuple[asyncio.Queue, list[EngineRequest]]:
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
 
@@ -327,21 +327,21 @@ class _Server:
 
             return put
 
-        requests = [EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter) for i, (ids, p) in enumerate(zip(job.prompts, job.params))]
+        requests = [
+            EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter, stream=stream) for i, (ids, p) in enumerate(zip(job.prompts, job.params))
+        ]
         for r in requests:
             self.loaded.engine.submit(r)
         return outputs, requests
 
     async def collect(self, job: _Job, *, chat: bool) -> dict:
-        outputs, requests = self._submit(job)
+        outputs, requests = self._submit(job, stream=False)
         texts = [""] * len(requests)
         reasons: list[str | None] = [None] * len(requests)
         tokens = [0] * len(requests)
-        first = None
         try:
             while any(r is None for r in reasons):
                 i, out = await outputs.get()
-                first = first or time.monotonic()
                 texts[i] += out.text
                 tokens[i] = out.completion_tokens
                 if out.finish_reason:
@@ -351,7 +351,7 @@ class _Server:
         finally:
             for r in requests:
                 r.cancel()  # no-op for finished ones; stops the rest when this request fails or is abandoned
-        self._observe(job, first, sum(tokens))
+        self._observe(job, None, sum(tokens))  # time to first token: streams only
         if job.echo:
             texts = [e + t for e, t in zip(job.echo, texts)]
         choices = list(zip(texts, reasons))
@@ -359,7 +359,7 @@ class _Server:
         return build(job.id, job.model, job.created, choices, job.prompt_tokens, sum(tokens))  # type: ignore[arg-type]
 
     async def stream(self, job: _Job, *, chat: bool) -> AsyncIterator[str]:
-        outputs, requests = self._submit(job)
+        outputs, requests = self._submit(job, stream=True)
         tokens = [0] * len(requests)
         done = [False] * len(requests)
         first = None

@@ -64,6 +64,7 @@ class EngineRequest:
     params: SamplingParams
     on_output: Callable[[EngineOutput], None]
     adapter: str | None = None
+    stream: bool = True  # False: one output at the end (no per-token text to decode and hand over)
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
 
@@ -305,6 +306,7 @@ class _Row:
         self.engine = engine
         self.tokens: list[int] = []
         self.sent = 0  # characters of the decoded text already delivered
+        self.checked = 0  # characters of the decoded text already searched for stop strings
         self.last = 0
         self.generator = None
         if req.params.temperature > 0:
@@ -317,26 +319,33 @@ class _Row:
                 self.generator.seed()
 
     def push(self, token: int) -> bool:
-        """Add a generated token and deliver new text; True when the request is finished."""
+        """Add a generated token and deliver new text (streaming requests); True when the request is finished."""
         p = self.req.params
         self.last = token
         if token in self.engine.eos_token_ids:
             self._finish("stop", count=len(self.tokens) + 1)
             return True
         self.tokens.append(token)
+        if not self.req.stream and not p.stop:  # nothing to look at before the end: decode once, then
+            if len(self.tokens) >= p.max_tokens:
+                self._finish("length", count=len(self.tokens))
+                return True
+            return False
         text = self.engine.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if p.stop:
-            cut = _find_stop(text, p.stop, start=max(0, self.sent - max(map(len, p.stop))))
+            cut = _find_stop(text, p.stop, start=max(0, self.checked - max(map(len, p.stop))))
+            self.checked = len(text)
             if cut is not None:
                 self._deliver(text[:cut], "stop")
                 return True
         if len(self.tokens) >= p.max_tokens:
             self._deliver(text, "length")
             return True
-        safe = len(text) - _holdback(text, p.stop)
-        if safe > self.sent:
-            self.req.on_output(EngineOutput(text[self.sent : safe], None, len(self.tokens)))
-            self.sent = safe
+        if self.req.stream:
+            safe = len(text) - _holdback(text, p.stop)
+            if safe > self.sent:
+                self.req.on_output(EngineOutput(text[self.sent : safe], None, len(self.tokens)))
+                self.sent = safe
         return False
 
     def _finish(self, reason: str, *, count: int) -> None:

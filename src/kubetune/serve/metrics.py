@@ -28,7 +28,7 @@ class ServeMetrics:
         self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r)
         self.completion_tokens = Counter(f"{p}_completion_tokens", "Completion tokens generated.", ["model"], registry=r)
         self.latency = Histogram(f"{p}_request_latency_seconds", "Time from request to last token.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.first_token = Histogram(f"{p}_time_to_first_token_seconds", "Time from request to first token.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram(f"{p}_time_to_first_token_seconds", "Time from request to the first streamed token.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
         self.batch_rows = Histogram(f"{p}_batch_size", "Requests in each forward pass of the engine.", buckets=_BATCH_BUCKETS, registry=r)
         self.running = Gauge(f"{p}_requests_running", "Requests being generated now.", registry=r)
         self.waiting = Gauge(f"{p}_requests_waiting", "Requests waiting for a place in the batch.", registry=r)
