@@ -355,7 +355,8 @@ class FaultProxy:
 
     ``fail(n, kind, when)`` makes the next ``n`` requests matching ``when(method, path)`` fail: ``"500"``
     (an S3-style InternalError), ``"503"`` (SlowDown, throttling), ``"reset"`` (connection reset before
-    any answer), ``"cut"`` (the real answer's headers and half its body, then a reset) or ``"slow"`` (forwarded
+    any answer), ``"cut"`` (the real answer's headers and half its body, then a reset), ``"flip"`` (the real
+    answer, full length, with one bit of its body flipped: corruption in transit) or ``"slow"`` (forwarded
     after ``slow_seconds``). Everything else
     is forwarded unchanged, Host header included (so registries build their Location URLs through us).
     """
@@ -462,6 +463,9 @@ class FaultProxy:
                     self.close_connection = True
                     _reset(self.connection)
                     return
+                if kind == "flip" and data and 200 <= resp.status < 300:
+                    i = len(data) // 2
+                    data = data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
                 self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _any

@@ -14,7 +14,7 @@ from kt_storage_util import make_tree, read_tree
 from typer.testing import CliRunner
 
 from kubetune import constants as C
-from kubetune.errors import KubetuneError, SourceError
+from kubetune.errors import KubetuneError
 from kubetune.storage import OutputSync, fetch, push, redact
 
 

@@ -66,38 +66,72 @@ def test_multipart_above_threshold(s3, tmp_path, small_parts):
 
 
 def test_multipart_etag_is_verified(s3, tmp_path, small_parts):
+    from kubetune.storage.s3_integrity import intact
+
     data = os.urandom(11 * 1024 * 1024)
     f = tmp_path / "w.bin"
     f.write_bytes(data)
     push(f, s3.uri("w.bin"))
     listing = s3mod.probe(s3mod.Location(uri=s3.uri("w.bin"), scheme="s3", host=s3.bucket, path="w.bin"))
     obj = listing.objects[0]
-    assert s3mod._intact(f, obj, s3.bucket)
+    assert "-" in obj.etag  # a multipart ETag (MD5 of the part MD5s)
+    assert intact(f, obj, s3.bucket)
     corrupt = tmp_path / "corrupt.bin"
     corrupt.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
-    assert not s3mod._intact(corrupt, obj, s3.bucket)
+    assert not intact(corrupt, obj, s3.bucket)
 
 
 def test_download_failing_integrity_is_refetched_then_refused(s3, tmp_path, monkeypatch):
+    from kubetune.storage import s3_download
+
     src = make_tree(tmp_path / "src", {"a.bin": os.urandom(5000)})
     push(src, s3.uri("p"))
     calls = []
-    real = s3mod._intact
+    real = s3_download._verified
 
-    def flaky(path, o, bucket):
-        calls.append(o.key)
-        return real(path, o, bucket) if len(calls) > 1 else False
+    def flaky(bucket, plan):
+        calls.append(plan.obj.key)
+        return real(bucket, plan) if len(calls) > 1 else False
 
-    monkeypatch.setattr(s3mod, "_intact", flaky)
+    monkeypatch.setattr(s3_download, "_verified", flaky)
     out = fetch(s3.uri("p"), tmp_path / "ok")
     assert (out / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert calls == ["p/a.bin", "p/a.bin"]  # failed once, downloaded again, verified
 
-    monkeypatch.setattr(s3mod, "_intact", lambda *a: False)
+    monkeypatch.setattr(s3_download, "_verified", lambda *a: False)
     with pytest.raises(SourceError, match="integrity check failed"):
         fetch(s3.uri("p"), tmp_path / "bad")
     assert not (tmp_path / "bad" / "a.bin").exists()  # an unverified file never takes the real name
     assert not list((tmp_path / "bad").rglob("*.kubetune-part"))
+
+
+@pytest.mark.parametrize("checksums", ["botocore", "etag-only"])
+@pytest.mark.parametrize("name", ["w.bin", "s.bin"])
+def test_in_flight_verification_catches_corruption(s3, tmp_path, small_parts, fault_proxy, monkeypatch, name, checksums):
+    """A bit flipped in transit (full length, 200 OK) never reaches the file: the download is byte-exact.
+
+    w.bin is multipart (3 ranges), s.bin a plain object. When the server sends a whole-object checksum
+    (s.bin, with botocore's default validation), botocore's check fails that request and it is fetched again;
+    otherwise (ranged GETs carry no whole-object checksum; servers or clients that keep none) the MD5s taken
+    in flight fail the ETag check and the whole file is fetched again.
+    """
+    if checksums == "etag-only":
+        monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+    data = {"w.bin": os.urandom(11 * 1024 * 1024), "s.bin": os.urandom(3000)}
+    push(make_tree(tmp_path / "src", data), s3.uri("v"))
+    proxy = fault_proxy(s3.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+
+    def is_get(m, p):
+        return m == "GET" and p.split("?")[0].endswith("/v/" + name)
+
+    proxy.fail(1, "flip", when=is_get)
+    out = fetch(s3.uri("v"), tmp_path / "d")
+    assert [i[0] for i in proxy.injected] == ["flip"]
+    assert read_tree(out) == data  # byte-exact after the corruption was detected
+    requests = 3 if name == "w.bin" else 1
+    again = 1 if (checksums, name) == ("botocore", "s.bin") else requests  # the one request, or the whole file
+    assert len([1 for m, p in proxy.seen if is_get(m, p)]) == requests + again
 
 
 @pytest.mark.parametrize("kind", ["500", "503", "reset", "cut"])

@@ -2,29 +2,29 @@
 
 The endpoint comes from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (path-style addressing then,
 as MinIO wants); credentials and region from boto3's usual chain, never from a spec. Every request is
-retried by botocore's "standard" mode (5xx, throttling, resets; exponential backoff with jitter), and
-s3transfer runs many files and the parts of large files in parallel. Downloads are written to a
-temporary name, checked against the listed size and ETag (MD5, or the multipart MD5-of-MD5s), then
-renamed; files already present with the same size and time are skipped, so a rerun resumes.
+retried by botocore's "standard" mode (5xx, throttling, resets; exponential backoff with jitter).
+Uploads go through s3transfer (many files and the parts of large files in parallel); downloads through
+:mod:`.s3_download` (files and byte ranges in parallel, verified against the listed size and ETag as they
+arrive, written to a temporary name and renamed). Files already present with the same size and time are
+skipped, so a rerun resumes.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
-import math
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from .. import constants as C
 from ..errors import SourceError
 from ._common import Progress, TransferStats, concurrency, log, part_path, safe_relpath
+from .s3_download import download_objects
 from .uri import Location, scrub
 
 __all__ = ["S3Object", "Listing", "probe", "download", "upload_files", "list_objects", "delete_prefix", "client"]
@@ -278,7 +278,10 @@ def download(listing: Listing, loc: Location, target_dir: Path, stats: TransferS
         todo.append(o)
     progress.expect(sum(o.size for o in todo))
     for attempt in range(2):
-        bad = _download_batch(listing.bucket, todo, target_dir, loc, stats, progress)
+        try:
+            bad = download_objects(listing.bucket, todo, target_dir, stats, progress)
+        except Exception as e:
+            raise map_error(e, loc) from None
         if not bad:
             break
         if attempt == 1:
@@ -292,123 +295,6 @@ def download(listing: Listing, loc: Location, target_dir: Path, stats: TransferS
     for o in listing.objects:  # leftovers of a killed run next to files that are complete now
         part_path(target_dir / o.rel).unlink(missing_ok=True)
     return target_dir / listing.objects[0].rel if listing.single else target_dir
-
-
-def _download_batch(bucket: str, objects: list[S3Object], target_dir: Path, loc: Location,
-                    stats: TransferStats, progress: Progress) -> list[S3Object]:
-    """Download, verify and rename; returns the objects that failed verification."""
-    bad: list[S3Object] = []
-    verify_pool = cf.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="kubetune-verify")
-    verifications: list[cf.Future] = []
-    lock = threading.Lock()
-
-    def verify(o: S3Object, part: Path, local: Path) -> None:
-        if not _intact(part, o, bucket):
-            part.unlink(missing_ok=True)
-            with lock:
-                bad.append(o)
-            return
-        os.utime(part, (o.mtime, o.mtime))
-        os.replace(part, local)
-        stats.add(0, 1)
-
-    futures = []
-    try:
-        with _transfer_manager() as tm:
-            for o in objects:
-                local = target_dir / o.rel
-                local.parent.mkdir(parents=True, exist_ok=True)
-                part = part_path(local)
-
-                def done(fut, o=o, part=part, local=local):
-                    try:
-                        fut.result()
-                    except Exception:
-                        return  # reported below, from the transfer future
-                    verifications.append(verify_pool.submit(verify, o, part, local))
-
-                # A version that changed since the listing fails the ETag check and is fetched again.
-                futures.append(tm.download(bucket, o.key, str(part),
-                                           subscribers=[_subscriber(progress, stats, o.size, done)]))
-            for f in futures:
-                f.result()
-        for v in list(verifications):
-            v.result()
-    except Exception as e:
-        raise map_error(e, loc) from None
-    finally:
-        verify_pool.shutdown(wait=True)
-    return bad
-
-
-def _intact(path: Path, o: S3Object, bucket: str) -> bool:
-    """Size and ETag of a downloaded object match the listing (unverifiable ETags pass on size alone)."""
-    size = path.stat().st_size
-    if size != o.size:
-        log.warning("s3://%s/%s: got %d bytes, the listing says %d", bucket, o.key, size, o.size)
-        return False
-    etag = o.etag
-    if not etag:
-        return True
-    if "-" not in etag:
-        if _md5_parts(path, [size])[0] == etag:
-            return True
-        return _etag_not_md5(bucket, o.key)
-    n = int(etag.rsplit("-", 1)[1])
-    for part_size in _part_size_candidates(size, n, bucket, o.key):
-        if _multipart_etag(path, part_size) == etag:
-            return True
-    log.warning("s3://%s/%s: ETag %s does not match the downloaded bytes", bucket, o.key, etag)
-    return False
-
-
-def _etag_not_md5(bucket: str, key: str) -> bool:
-    """KMS- and customer-key-encrypted objects have ETags that are not MD5s: then size is all we can check."""
-    try:
-        head = client().head_object(Bucket=bucket, Key=key)
-    except Exception:
-        return False
-    encrypted = head.get("ServerSideEncryption") == "aws:kms" or "SSECustomerAlgorithm" in head
-    if not encrypted:
-        log.warning("s3://%s/%s: MD5 of the downloaded bytes does not match the ETag", bucket, key)
-    return encrypted
-
-
-def _md5_parts(path: Path, sizes: Iterable[int]) -> list[str]:
-    out = []
-    with open(path, "rb") as f:
-        for s in sizes:
-            h = hashlib.md5(usedforsecurity=False)
-            left = s
-            while left > 0:
-                block = f.read(min(left, 4 * _MiB))
-                if not block:
-                    break
-                h.update(block)
-                left -= len(block)
-            out.append(h.hexdigest())
-    return out
-
-
-def _multipart_etag(path: Path, part_size: int) -> str:
-    size = path.stat().st_size
-    n = max(1, math.ceil(size / part_size))
-    digests = _md5_parts(path, [part_size] * n)
-    return hashlib.md5(b"".join(bytes.fromhex(d) for d in digests), usedforsecurity=False).hexdigest() + f"-{n}"
-
-
-def _part_size_candidates(size: int, n: int, bucket: str, key: str) -> list[int]:
-    """Part sizes that give ``n`` parts: ours, common client defaults, then the one recorded at upload."""
-    common = [C.STORAGE_MULTIPART_CHUNKSIZE, 8 * _MiB, 16 * _MiB, 5 * _MiB, 64 * _MiB, 100 * _MiB,
-              math.ceil(size / n / _MiB) * _MiB]
-    fits = [p for p in dict.fromkeys(common) if p > 0 and math.ceil(size / p) == n]
-    if fits:
-        return fits
-    try:
-        meta = client().head_object(Bucket=bucket, Key=key).get("Metadata", {})
-        return [int(meta[C.S3_META_PART_SIZE])] if C.S3_META_PART_SIZE in meta else []
-    except Exception:
-        return []
 
 
 def upload_files(bucket: str, files: list[tuple[Path, str]], loc: Location, stats: TransferStats,

@@ -165,13 +165,14 @@ def stream_to_file(
     if part.exists() and (state.get("url") != _url_key(url) or (validator and state.get("validator") not in (None, validator))):
         part.unlink()  # left by a download of something else, or of an older version
     _write_state(state_file, {"url": _url_key(url), "validator": validator})
-    known = {"size": expected_size, "restarts": 0}
+    known = {"size": expected_size}
 
     def attempt(i: int) -> None:
         offset = part.stat().st_size if part.exists() else 0
         if known["size"] is not None and offset == known["size"] and offset > 0:
             return
-        req_headers = dict(headers() if headers else {})
+        # identity: byte ranges must count the bytes we store, not a compressed stream's
+        req_headers = {"Accept-Encoding": "identity", **(headers() if headers else {})}
         if offset:
             req_headers["Range"] = f"bytes={offset}-"
             if validator:

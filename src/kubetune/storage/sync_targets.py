@@ -1,0 +1,260 @@
+"""Where OutputSync writes: a prefix of a bucket or a folder (s3://, file://), or tags of an OCI repository.
+
+Each target offers the same five operations: ``complete_checkpoints()``, ``upload_checkpoint(dir, name)``
+(completion marker last), ``download_checkpoint(name, into)``, ``delete_checkpoint(name)`` (marker first)
+and ``publish(run_dir)``. The layouts are described in :mod:`kubetune.storage.sync`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import constants as C
+from ..errors import SourceError
+from ._common import Progress, TransferStats, log, walk_files
+from .uri import Location, redact
+
+__all__ = ["make_target"]
+
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+_RUN_FILES = (C.RESULT_FILE, C.SPEC_FILE, C.STATUS_FILE, C.EVENTS_FILE)
+_ARTIFACT_DIRS = (C.ADAPTER_DIR, C.MODEL_DIR, C.MERGED_DIR)
+
+
+def make_target(loc: Location) -> Any:
+    """The target for an output URI; SourceError for schemes other than s3://, oci:// and file://."""
+    if loc.scheme == "s3":
+        return _PrefixTarget(loc, _S3Store(loc))
+    if loc.scheme == "file":
+        return _PrefixTarget(loc, _FileStore(loc))
+    if loc.scheme == "oci":
+        return _OciTarget(loc)
+    raise SourceError(f"{loc.safe}: output.uri must be s3://, oci:// or file://")
+
+
+def _step(name: str) -> int:
+    m = _CKPT_RE.match(name)
+    return int(m.group(1)) if m else -1
+
+
+# --- s3:// and file:// ----------------------------------------------------------------------
+class _S3Store:
+    def __init__(self, loc: Location) -> None:
+        self.loc = loc
+        self.bucket = loc.host
+        self.base = loc.path.strip("/")
+
+    def key(self, rel: str) -> str:
+        return f"{self.base}/{rel}" if self.base else rel
+
+    def list(self, rel_prefix: str) -> list[str]:
+        from . import s3
+
+        root = self.key("")
+        try:
+            return [k[len(root):] for k, *_ in s3.list_objects(self.bucket, self.key(rel_prefix))]
+        except Exception as e:
+            raise s3.map_error(e, self.loc) from None
+
+    def upload(self, files: list[tuple[Path, str]], last: list[tuple[Path, str]]) -> None:
+        from . import s3
+
+        stats = TransferStats(uri=self.loc.safe)
+        s3.upload_files(self.bucket, [(p, self.key(r)) for p, r in files], self.loc, stats, Progress("", enabled=False),
+                        last=[(p, self.key(r)) for p, r in last])
+
+    def download(self, rel_prefix: str, into: Path) -> None:
+        from . import s3
+
+        sub = Location(uri=f"s3://{self.bucket}/{self.key(rel_prefix)}", scheme="s3", host=self.bucket, path=self.key(rel_prefix))
+        s3.download(s3.probe(sub), sub, into, TransferStats(), Progress("", enabled=False))
+
+    def delete(self, rel_prefix: str, first: list[str]) -> None:
+        from . import s3
+
+        s3.delete_prefix(self.bucket, self.key(rel_prefix), self.loc, first=[self.key(f) for f in first])
+
+
+class _FileStore:
+    def __init__(self, loc: Location) -> None:
+        self.loc = loc
+        self.root = loc.local_path
+
+    def list(self, rel_prefix: str) -> list[str]:
+        base = self.root / rel_prefix
+        return [f"{rel_prefix.rstrip('/')}/{rel}" for _, rel in walk_files(base)] if base.is_dir() else []
+
+    def upload(self, files: list[tuple[Path, str]], last: list[tuple[Path, str]]) -> None:
+        for path, rel in list(files) + list(last):
+            out = self.root / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + C.STORAGE_PART_SUFFIX)
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, out)
+
+    def download(self, rel_prefix: str, into: Path) -> None:
+        from ._common import copy_tree
+
+        copy_tree(self.root / rel_prefix, into)
+
+    def delete(self, rel_prefix: str, first: list[str]) -> None:
+        for f in first:
+            (self.root / f).unlink(missing_ok=True)
+        shutil.rmtree(self.root / rel_prefix, ignore_errors=True)
+
+
+class _PrefixTarget:
+    """Checkpoints and artifacts under a prefix of a bucket or a folder."""
+
+    def __init__(self, loc: Location, store: Any) -> None:
+        self.loc = loc
+        self.store = store
+
+    def complete_checkpoints(self) -> list[str]:
+        names = set()
+        for rel in self.store.list(f"{C.CHECKPOINTS_DIR}/"):
+            parts = rel.split("/")
+            if len(parts) == 3 and parts[2] == C.CHECKPOINT_COMPLETE and _CKPT_RE.match(parts[1]):
+                names.add(parts[1])
+        return sorted(names, key=_step)
+
+    def upload_checkpoint(self, local: Path, name: str) -> None:
+        rel = f"{C.CHECKPOINTS_DIR}/{name}"
+        files = [(p, f"{rel}/{r}") for p, r in walk_files(local) if r != C.CHECKPOINT_COMPLETE]
+        self.store.upload(files, [(local / C.CHECKPOINT_COMPLETE, f"{rel}/{C.CHECKPOINT_COMPLETE}")])
+
+    def download_checkpoint(self, name: str, into: Path) -> None:
+        self.store.download(f"{C.CHECKPOINTS_DIR}/{name}/", into)
+
+    def delete_checkpoint(self, name: str) -> None:
+        rel = f"{C.CHECKPOINTS_DIR}/{name}"
+        self.store.delete(f"{rel}/", first=[f"{rel}/{C.CHECKPOINT_COMPLETE}"])
+
+    def publish(self, run_dir: Path) -> None:
+        files: list[tuple[Path, str]] = []
+        for d in _ARTIFACT_DIRS + (C.LOGS_DIR,):
+            if (run_dir / d).is_dir():
+                files += [(p, f"{d}/{r}") for p, r in walk_files(run_dir / d)]
+        files += [(run_dir / f, f) for f in _RUN_FILES if (run_dir / f).is_file()]
+        with _done_marker() as done:
+            self.store.upload(files, [(done, C.DONE_FILE)])
+
+
+class _done_marker:
+    def __enter__(self) -> Path:
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="kubetune-done-")
+        os.write(fd, f"{time.time():.3f}\n".encode())
+        os.close(fd)
+        self.path = Path(name)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+# --- oci:// ----------------------------------------------------------------------------------
+class _OciTarget:
+    """Checkpoints and artifacts as tags of one repository."""
+
+    def __init__(self, loc: Location) -> None:
+        from . import oci
+
+        self.loc = loc
+        self.repo, self.tag = oci._split(loc)
+        if self.tag.startswith("sha256:"):
+            raise SourceError(f"{loc.safe}: output.uri needs a tag, not a digest", hint="e.g. oci://REGISTRY/REPO:v1")
+
+    def _at(self, tag: str) -> Location:
+        uri = f"oci://{self.loc.host}/{self.repo}:{tag}"
+        return Location(uri=uri, scheme="oci", host=self.loc.host, path=f"{self.repo}:{tag}")
+
+    def complete_checkpoints(self) -> list[str]:
+        from . import oci
+
+        pattern = re.compile(rf"^{re.escape(self.tag)}-(checkpoint-\d+)$")
+        return sorted((m.group(1) for t in oci.list_tags(self.loc) if (m := pattern.match(t))), key=_step)
+
+    def upload_checkpoint(self, local: Path, name: str) -> None:
+        from . import oci
+
+        files = [(p, r, C.OCI_MEDIA_FILE) for p, r in walk_files(local)]
+        oci.push_files(self._at(f"{self.tag}-{name}"), files, TransferStats(), Progress("", enabled=False),
+                       annotations={C.OCI_ANNOTATION_KIND: "checkpoint", C.OCI_ANNOTATION_TITLE: name})
+
+    def download_checkpoint(self, name: str, into: Path) -> None:
+        from . import oci
+
+        at = self._at(f"{self.tag}-{name}")
+        oci.download(at, oci.probe(at), into, TransferStats(), Progress("", enabled=False))
+
+    def delete_checkpoint(self, name: str) -> None:
+        from . import oci
+
+        if not oci.delete_tag(self.loc, f"{self.tag}-{name}"):
+            log.debug("%s: registry does not allow deletes; keeping %s", self.loc.safe, name)
+
+    def publish(self, run_dir: Path) -> None:
+        from . import oci
+
+        base_model, method = _run_facts(run_dir)
+        result = _read_json(run_dir / C.RESULT_FILE)
+        notes = {
+            C.OCI_ANNOTATION_CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            C.OCI_ANNOTATION_BASE_MODEL: base_model,
+            C.OCI_ANNOTATION_METHOD: method,
+        }
+        config = json.dumps({"base_model": base_model, "method": method, "result": result}, default=str).encode()
+        stats, bar = TransferStats(), Progress("", enabled=False)
+        adapter, model = run_dir / C.ADAPTER_DIR, run_dir / C.MODEL_DIR
+        if adapter.is_dir():
+            files = []
+            for p, rel in walk_files(adapter):
+                media = {"adapter_config.json": C.OCI_MEDIA_ADAPTER_CONFIG,
+                         "adapter_model.safetensors": C.OCI_MEDIA_ADAPTER_WEIGHTS}.get(rel)
+                if media:
+                    files.append((p, rel, media))
+            if not any(m == C.OCI_MEDIA_ADAPTER_WEIGHTS for *_, m in files):
+                raise SourceError(f"{run_dir / C.ADAPTER_DIR}: no adapter_model.safetensors to publish")
+            oci.push_files(self.loc, files, stats, bar, config=(config, C.OCI_MEDIA_RUN_CONFIG),
+                           artifact_type=C.OCI_ARTIFACT_ADAPTER, annotations={**notes, C.OCI_ANNOTATION_KIND: "adapter"})
+        elif model.is_dir():
+            oci.push_files(self.loc, [(p, r, C.OCI_MEDIA_FILE) for p, r in walk_files(model)], stats, bar,
+                           config=(config, C.OCI_MEDIA_RUN_CONFIG), annotations={**notes, C.OCI_ANNOTATION_KIND: "model"})
+        merged = run_dir / C.MERGED_DIR
+        if merged.is_dir():
+            oci.push_files(self._at(f"{self.tag}-merged"), [(p, r, C.OCI_MEDIA_FILE) for p, r in walk_files(merged)],
+                           stats, bar, config=(config, C.OCI_MEDIA_RUN_CONFIG), annotations={**notes, C.OCI_ANNOTATION_KIND: "merged"})
+        record = [(run_dir / f, f, C.OCI_MEDIA_FILE) for f in _RUN_FILES if (run_dir / f).is_file()]
+        if record:
+            oci.push_files(self._at(f"{self.tag}-run"), record, stats, bar, annotations={**notes, C.OCI_ANNOTATION_KIND: "run"})
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _run_facts(run_dir: Path) -> tuple[str, str]:
+    """(base model URI, method) from the run's spec.yaml, falling back to adapter_config.json."""
+    base, method = "", ""
+    try:
+        import yaml
+
+        spec = yaml.safe_load((run_dir / C.SPEC_FILE).read_text(encoding="utf-8")) or {}
+        base = str((spec.get("model") or {}).get("source") or "")
+        method = str((spec.get("method") or {}).get("type") or "")
+    except Exception:  # a missing or odd spec only costs the annotation
+        pass
+    if not base:
+        base = str(_read_json(run_dir / C.ADAPTER_DIR / "adapter_config.json").get("base_model_name_or_path") or "")
+    return redact(base), method
