@@ -180,3 +180,16 @@ print(json.dumps({{"grew_kb": after - before, "arrow_kb": arrow // 1024, "rows":
     assert rep["rows"] == 60_000
     # Python lists of 60k rows of ~25 tokens (ids + labels) alone would take over 100 MB.
     assert rep["grew_kb"] < max(4 * rep["arrow_kb"], 60_000), rep
+
+
+def test_tokenizer_with_its_own_truncation_does_not_cut_rows(tmp_path, prepare, tokenizer):
+    """Preparation calls the Rust tokenizer directly for speed; a tokenizer.json that carries truncation or
+    padding settings must not cut or pad rows behind the user's back (only max_seq_length applies)."""
+    long_answer = " ".join(f"word{i}" for i in range(60))
+    src = write_rows(tmp_path / "rows.jsonl", [{"messages": [{"role": "user", "content": "Talk."}, {"role": "assistant", "content": long_answer}]}])
+    plain = prepare(src).train[0]
+    tokenizer.backend_tokenizer.enable_truncation(8)
+    tokenizer.backend_tokenizer.enable_padding(length=512)
+    got = prepare(src).train[0]
+    assert got["input_ids"] == plain["input_ids"] and got["labels"] == plain["labels"]
+    assert len(got["input_ids"]) > 60

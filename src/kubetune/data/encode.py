@@ -84,6 +84,12 @@ class Encoder:
         specials = tokenizer("", add_special_tokens=True)["input_ids"]
         self.plain_prefix = [t for t in specials if t != self.eos_id]
         self.fast = bool(getattr(tokenizer, "is_fast", False))
+        # The Rust tokenizer itself: calling it directly skips transformers' conversion of every encoding into
+        # Python dicts, about half of the tokenization time. The call above made transformers set it up (no
+        # truncation or padding, its special-token splitting); _tokenize checks that still holds per chunk.
+        backend = getattr(tokenizer, "backend_tokenizer", None) if self.fast else None
+        self._backend = backend if backend is not None and hasattr(backend, "encode_batch") else None
+        self._split_special = bool(getattr(tokenizer, "split_special_tokens", False))
 
     # -- the chunk --------------------------------------------------------------------------
     def encode(self, items: Sequence[tuple[int, int, Any]]) -> ChunkResult:
@@ -145,16 +151,31 @@ class Encoder:
         return rename_columns(row, self.columns)
 
     # -- tokenization -------------------------------------------------------------------------
+    def _tokenize(self, texts: list[str], *, offsets: bool) -> tuple[list[list[int]], list | None]:
+        """Token ids of ``texts`` (no special tokens added) and, for fast tokenizers, their encodings."""
+        bt = self._backend
+        if (
+            bt is not None
+            and bt.truncation is None
+            and bt.padding is None
+            and getattr(bt, "encode_special_tokens", self._split_special) == self._split_special
+        ):
+            if not offsets and hasattr(bt, "encode_batch_fast"):  # no character offsets needed
+                return [e.ids for e in bt.encode_batch_fast(texts, add_special_tokens=False)], None
+            encs = bt.encode_batch(texts, add_special_tokens=False)
+            return [e.ids for e in encs], encs
+        enc = self.tokenizer(texts, add_special_tokens=False)
+        return enc["input_ids"], (enc.encodings if self.fast else None)
+
     def _encode_chats(self, chats: list[tuple[int, Any]], ids: list, labels: list) -> None:
         texts = [r.text for _, r in chats]
-        enc = self.tokenizer(texts, add_special_tokens=False)
-        all_ids = enc["input_ids"]
+        all_ids, encodings = self._tokenize(texts, offsets=True)
         for k, (slot, rendered) in enumerate(chats):
             row_ids = all_ids[k]
             n = len(row_ids)
             lab = [IGNORE] * n
-            if self.fast:
-                e = enc.encodings[k]
+            if encodings is not None:
+                e = encodings[k]
                 for s, t in rendered.spans:
                     a, b = _token_range(e, s, t, n)
                     lab[a:b] = row_ids[a:b]
@@ -168,8 +189,8 @@ class Encoder:
     def _encode_plains(self, plains: list[tuple[int, Plain]], ids: list, labels: list) -> None:
         prompts = [p.prompt for _, p in plains]
         completions = [p.completion for _, p in plains]
-        p_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        c_ids = self.tokenizer(completions, add_special_tokens=False)["input_ids"]
+        p_ids = self._tokenize(prompts, offsets=False)[0]
+        c_ids = self._tokenize(completions, offsets=False)[0]
         pre, eos, all_inputs = self.plain_prefix, [self.eos_id], self.settings.train_on_inputs
         for k, (slot, _) in enumerate(plains):
             head = pre + p_ids[k]
