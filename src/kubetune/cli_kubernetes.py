@@ -12,7 +12,7 @@ import typer
 
 __all__ = ["register"]
 
-_RENDER_BACKENDS = ("kubernetes",)
+_RENDER_BACKENDS = ("kubernetes", "kfp")
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 def render(
     spec: Path = typer.Argument(..., help="Job spec YAML."),
-    backend: str = typer.Option("kubernetes", "--backend", "-b", help="Render for this backend (kubernetes)."),
+    backend: str = typer.Option("kubernetes", "--backend", "-b", help="Render for this backend: kubernetes (objects) or kfp (compiled pipeline IR)."),
     flavor: Optional[str] = typer.Option(None, "--flavor", "-f", help="job, pytorchjob or trainjob (default: kubernetes.flavor)."),
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace of the objects (default: kubernetes.namespace)."),
@@ -38,6 +38,11 @@ def render(
     if backend not in _RENDER_BACKENDS:
         raise BackendError(f"render supports --backend {', '.join(_RENDER_BACKENDS)}, not '{backend}'")
     job = load_spec(spec, set_)
+    if backend == "kfp":  # the compiled pipeline IR YAML (docs/kfp.md)
+        from .backends.kfp import render_pipeline
+
+        typer.echo(render_pipeline(job), nl=False)
+        return
     typer.echo(render_text(render_objects(job, flavor, namespace=namespace), output), nl=False)
 
 

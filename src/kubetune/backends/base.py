@@ -55,6 +55,7 @@ def _local(**kw):
 
 # name -> factory; backends register here (imports stay lazy).
 BACKENDS = {"local": _local, "kubernetes": lambda **kw: __import__("kubetune.backends.kubernetes.backend", fromlist=["_"]).KubernetesBackend(**kw)}
+BACKENDS["kfp"] = lambda **kw: __import__("kubetune.backends.kfp", fromlist=["_"]).KfpBackend(**kw)  # Kubeflow Pipelines
 
 
 def get_backend(name: str, **kwargs) -> Backend:
