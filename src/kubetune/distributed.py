@@ -43,6 +43,7 @@ __all__ = [
     "terminated_state",
     "record_error",
     "setup",
+    "check_topology",
     "trainer_args",
     "barrier",
     "resume_point",
@@ -145,8 +146,10 @@ def setup(job: Any, device: dict) -> None:
     started here (gloo), before the Trainer, which then uses it.
 
     Raises:
-        TrainError: ``training.strategy: fsdp`` on a CPU (the trainer shards only across accelerators).
+        TrainError: ``training.strategy: fsdp`` on a CPU (the trainer shards only across accelerators), or
+            torchrun started another number of processes than the spec's topology (the global batch would change).
     """
+    check_topology(job)
     if job.training.strategy == "fsdp" and device["type"] == "cpu":
         raise TrainError(
             "training.strategy fsdp needs GPUs: the trainer (accelerate) shards a model only across accelerators",
@@ -160,6 +163,27 @@ def setup(job: Any, device: dict) -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=job.resources.collective_timeout_seconds))
+
+
+def check_topology(job: Any) -> None:
+    """Check that torchrun started as many processes as the spec's topology says.
+
+    The accumulation steps that keep the global batch constant are derived from ``resources``; a launch with
+    another world size would silently train with another global batch (and another step count).
+
+    Raises:
+        TrainError: the world size torchrun gave differs from resources.nodes x resources.processes_per_node.
+    """
+    r = job.resources
+    if not under_torchrun() or world_size() == r.world_size:
+        return
+    raise TrainError(
+        f"this launch started {world_size()} processes in all, but the spec says resources.nodes x "
+        f"resources.processes_per_node = {r.nodes} x {r.processes_per_node} = {r.world_size}: the global batch "
+        "and the step count would not be the ones planned",
+        hint="give every launch the spec's topology, or change the spec to match the launch, e.g. "
+        f"--set resources.nodes=<--nnodes> --set resources.processes_per_node=<--nproc-per-node>",
+    )
 
 
 def trainer_args(job: Any, device: dict) -> dict:
