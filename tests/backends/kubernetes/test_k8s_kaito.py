@@ -250,6 +250,9 @@ ERRORS = [
     (dict(resources={"accelerators": 1, "accelerator_type": "nvidia.com/mig-1g.10gb"}), ["resources.accelerator_type", "MIG"]),
     (dict(kubernetes={"tolerations": [{"key": "gpu", "operator": "Exists"}], "shm_size": "8Gi"}), ["kubernetes.tolerations", "kubernetes.shm_size", "--flavor job"]),
     (dict(resources={"memory": "32Gi"}), ["resources.memory"]),
+    (dict(output={"merge": True}), ["output.merge"]),
+    (dict(training={"resume": "runs/old/checkpoints/step-100"}), ["training.resume"]),
+    (dict(model={"attn_implementation": "flash_attention_2"}), ["model.attn_implementation"]),
     (dict(model={"source": "hf://org/SomethingNew-7B"}), ["method.lora.target_modules all-linear", "SomethingNew-7B".lower()]),
 ]
 

@@ -114,6 +114,12 @@ def _unsupported_fields(job: TuneJob) -> list[str]:
             bad.append(f"kubernetes.{name}")
     r, t, d = job.resources, job.training, job.dataset
     bad += [f"resources.{f}" for f in ("cpu", "memory") if getattr(r, f) is not None]
+    if job.model.attn_implementation != "auto":
+        bad.append("model.attn_implementation")
+    if job.output.merge:
+        bad.append("output.merge (Kaito publishes the adapter only)")
+    if t.resume not in ("auto", "never"):
+        bad.append("training.resume (Kaito cannot start from a checkpoint)")
     if t.strategy != "ddp":
         bad.append("training.strategy")
     if t.global_batch_size is not None:
