@@ -54,6 +54,14 @@ def test_adapters_vllm_cannot_serve_are_refused(artifacts, tmp_path):
     (dora / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecError, match="not DoRA"):
         vllm_command(resolve_sources("builtin://tiny-chat", {"d": str(dora)}), ServeOptions())
+    saved = tmp_path / "saved"  # trained with method.lora.modules_to_save: vLLM starts, then fails at the first request
+    shutil.copytree(artifacts.alpha, saved)
+    cfg = json.loads((saved / "adapter_config.json").read_text())
+    cfg["modules_to_save"] = ["embed_tokens"]
+    (saved / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match="embed_tokens") as e:
+        vllm_command(resolve_sources("builtin://tiny-chat", {"s": str(saved)}), ServeOptions())
+    assert "kubetune merge" in e.value.hint
 
 
 def test_lora_rank_rounds_up_to_what_vllm_accepts():

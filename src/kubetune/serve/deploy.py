@@ -165,6 +165,12 @@ def serve_sources(job: TuneJob, *, adapters: dict[str, str], merged: bool = Fals
         artifact = C.MERGED_DIR if merged else C.MODEL_DIR
         sources.append(ServeSource("base", name, C.SERVE_BASE_DIR, _artifact_uri(out_uri, artifact)) if out_uri else ServeSource("base", name, f"{C.K8S_OUTPUT_DIR}/{artifact}", None))
     else:
+        if job.method.lora.modules_to_save:  # vLLM starts, then fails at the adapter's first request
+            raise SpecError(
+                f"method.lora.modules_to_save {job.method.lora.modules_to_save}: the job's adapter stores fully trained "
+                "modules, which vLLM's LoRA support cannot load",
+                hint="set output.merge: true and serve the merged model with --merged",
+            )
         model = next(i for i in P.cluster_inputs(job) if i.field == "model.source")
         from .sources import model_name_from_uri
 

@@ -35,6 +35,7 @@ class ServedAdapter:
         rank: the adapter's LoRA rank (vLLM needs the largest one up front).
         peft_type: PEFT's adapter type (LORA, ...).
         use_dora: a DoRA adapter (LoRA type, weight-decomposed).
+        modules_to_save: modules trained fully and stored in the adapter (PEFT's modules_to_save).
     """
 
     name: str
@@ -44,6 +45,7 @@ class ServedAdapter:
     rank: int | None = None
     peft_type: str | None = None
     use_dora: bool = False
+    modules_to_save: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ def _adapter(name: str, path: Path, uri: str, *, base_model: str | None) -> Serv
         rank=int(rank) if isinstance(rank, int) else None,
         peft_type=cfg.get("peft_type"),
         use_dora=bool(cfg.get("use_dora")),
+        modules_to_save=tuple(cfg.get("modules_to_save") or ()),
     )
 
 

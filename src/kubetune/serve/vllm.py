@@ -53,6 +53,12 @@ def vllm_command(plan: ServePlan, options: ServeOptions, *, python: str | None =
                     f"--adapter {a.name}: vLLM serves LoRA adapters, not {kind}",
                     hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
                 )
+            if a.modules_to_save:  # vLLM accepts the adapter at start and fails at its first request
+                raise SpecError(
+                    f"--adapter {a.name}: the adapter stores fully trained modules ({', '.join(a.modules_to_save)}, "
+                    "method.lora.modules_to_save), which vLLM's LoRA support cannot load",
+                    hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
+                )
         rank = max((a.rank or 16) for a in plan.adapters)
         cmd += ["--enable-lora", "--max-loras", str(len(plan.adapters)), "--max-lora-rank", str(lora_rank_option(rank))]
         cmd += ["--lora-modules", *[f"{a.name}={a.path}" for a in plan.adapters]]
