@@ -340,3 +340,12 @@ def test_run_refuses_and_points_at_kubectl_apply():
     assert backend._cluster is None  # refused before connecting: nothing was created
     with pytest.raises(SpecError, match="method.type full"):  # a spec Kaito cannot run says that first
         KubernetesBackend(flavor="kaito").submit(_job(method={"type": "full"}))
+
+
+@pytest.mark.parametrize(
+    "kaito, field",
+    [({"preset": "Phi_3"}, "kubernetes.kaito.preset"), ({"push_secret": "Bad Secret"}, "kubernetes.kaito.push_secret"), ({"instance_type": "a b"}, "kubernetes.kaito.instance_type")],
+)
+def test_kaito_section_is_checked_when_the_spec_loads(kaito, field):
+    with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+        load_spec(_spec(kubernetes={"kaito": kaito}))
