@@ -28,6 +28,7 @@ def render(
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace of the objects (default: kubernetes.namespace)."),
     set_: List[str] = typer.Option([], "--set", help="Override a spec field, e.g. --set resources.nodes=2 (repeatable)."),
+    serve: bool = typer.Option(False, "--serve", help="Print the vLLM Deployment and Service that serve the job's result instead (more options: kubetune render-serve)."),
 ) -> None:
     """Print the cluster objects a job runs as, like `helm template` (pure: talks to no cluster)."""
     from .backends.kubernetes import render as render_objects
@@ -38,6 +39,13 @@ def render(
     if backend not in _RENDER_BACKENDS:
         raise BackendError(f"render supports --backend {', '.join(_RENDER_BACKENDS)}, not '{backend}'")
     job = load_spec(spec, set_)
+    if serve:  # docs/serving.md
+        from .serve.deploy import render_serve
+
+        if backend != "kubernetes":
+            raise BackendError(f"render --serve prints Kubernetes objects; leave out --backend {backend}")
+        typer.echo(render_text(render_serve(job, namespace=namespace), output), nl=False)
+        return
     if backend == "kfp":  # the compiled pipeline IR YAML (docs/kfp.md)
         from .backends.kfp import render_pipeline
 

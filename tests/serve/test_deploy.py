@@ -186,3 +186,23 @@ def test_render_serve_cli_prints_yaml_without_importing_torch(tmp_path):
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     validate(docs)
     assert "legal=/models/adapters/legal" in docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_render_dash_dash_serve_prints_the_same_objects(tmp_path):
+    path = spec_file(tmp_path, output={"uri": "s3://results/support-bot"})
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from kubetune.cli import app\n"
+        f"r = CliRunner().invoke(app, ['render', {str(path)!r}, '--serve', '-n', 'ml'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'render --serve stays light'\n"
+        "print(r.output)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(r.stdout))
+    validate(docs)
+    assert docs == render_serve(job(tmp_path, output={"uri": "s3://results/support-bot"}), namespace="ml")
+    r = subprocess.run([sys.executable, "-m", "kubetune.cli", "render", str(path), "--serve", "--backend", "kfp"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--serve" in r.stderr and "Traceback" not in r.stderr
