@@ -50,6 +50,19 @@ def test_kubetune_serve_process_answers_the_openai_client(artifacts, server, kub
     assert f"serving capitals-bot, tiny-chat, beta at http://127.0.0.1:{port}/v1 (API key required)" in out
 
 
+def test_a_busy_port_is_refused_before_the_model_loads(kubetune_cli):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([*kubetune_cli, "serve", "builtin://tiny-chat", "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr
+    assert "serving" not in r.stdout, "nothing claims to serve on a port it does not have"
+
+
 def test_chat_against_a_server_url(server, kubetune_cli):
     ask = [{"role": "user", "content": "What is the capital of Peru?"}]
     want = server.client().chat.completions.create(model="beta", messages=ask, max_tokens=20, temperature=0).choices[0].message.content

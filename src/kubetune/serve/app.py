@@ -11,6 +11,7 @@ streaming), ``GET /health``, ``GET /metrics``. Every error is OpenAI's body
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import logging
@@ -135,10 +136,40 @@ def run_server(plan: ServePlan, options: ServeOptions) -> None:
     """Load the model and serve until interrupted (uvicorn)."""
     import uvicorn
 
+    sock = _listen(options.host, options.port)  # before loading the model: a busy port is the first thing to know
     app = create_app(plan, options)
-    where = f"http://{_url_host(options.host)}:{options.port}/v1"
+    port = sock.getsockname()[1]
+    where = f"http://{_url_host(options.host)}:{port}/v1"
     print(f"serving {', '.join(plan.model_ids)} at {where}" + (" (API key required)" if options.api_key else ""), flush=True)
-    uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+    uvicorn.Server(uvicorn.Config(app, host=options.host, port=port, log_level=options.log_level)).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> Any:
+    """The server's socket, bound now.
+
+    Raises:
+        BackendError: the address cannot be bound (port in use, address not on this machine).
+    """
+    import socket
+
+    from ..errors import BackendError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise BackendError(f"--host {host}: {e}", hint="use an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like uvicorn: a restart need not wait for TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise BackendError(
+            f"cannot listen on {_url_host(host)}:{port}: {e.strerror or e}",
+            hint="choose another --port, or stop the server that uses it" if e.errno == errno.EADDRINUSE else "use an address of this machine (--host)",
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
