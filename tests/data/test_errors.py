@@ -38,6 +38,17 @@ BAD_ROWS = [
     ("messages-not-list", {"messages": "hello"}, r"'messages' must be a list"),
     ("image-part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, {"role": "assistant", "content": "b"}]}, r"only text parts"),
     ("matches-no-format", {"question": "a", "answer": "b"}, r"row matches no format \(found answer, question"),
+    ("sharegpt-no-gpt-turn", {"conversations": [{"from": "human", "value": "Anyone?"}]}, r"no assistant message.*roles: user"),
+    ("sharegpt-system-only", {"conversations": [{"from": "system", "value": "Be nice."}]}, r"no assistant message.*roles: system"),
+    ("sharegpt-unknown-speaker", {"conversations": [{"from": "narrator", "value": "a"}, {"from": "gpt", "value": "b"}]}, r"unknown speaker 'narrator'"),
+    ("sharegpt-empty", {"conversations": []}, r"'conversations' is empty"),
+    ("sharegpt-turn-without-value", {"conversations": [{"from": "human"}, {"from": "gpt", "value": "b"}]}, r"conversations\[0\] must be an object with 'from' and 'value'"),
+    ("prompt-not-a-string", {"prompt": 5, "completion": "x"}, r"'prompt' must be a string, got int"),
+    ("prompt-completion-mixed-kinds", {"prompt": [{"role": "user", "content": "a"}], "completion": "b"}, r"both be strings or both be message lists"),
+    ("prompt-completion-no-answer", {"prompt": [{"role": "user", "content": "a"}], "completion": [{"role": "user", "content": "b"}]}, r"no assistant message"),
+    ("alpaca-output-null", {"instruction": "a", "output": None}, r"output is missing \(null\)"),
+    ("alpaca-instruction-not-text", {"instruction": 3, "output": "b"}, r"instruction must be a string, got int"),
+    ("text-not-a-string", {"text": {"body": "x"}}, r"text must be a string, got dict"),
 ]
 
 

@@ -78,7 +78,29 @@ CASES = [
         {},
         ["B." + EOT, "D." + EOT],
     ),
+    (
+        "sharegpt-weight-0-turn",
+        {"conversations": [{"from": "human", "value": "A?"}, {"from": "gpt", "value": "Wrong.", "weight": 0}, {"from": "human", "value": "A?"}, {"from": "gpt", "value": "Right."}]},
+        {},
+        ["Right." + EOT],
+    ),
+    (
+        "sharegpt-unicode",
+        {"conversations": [{"from": "human", "value": "Grüße 👋 — 你好?"}, {"from": "gpt", "value": "Ñandú 🦤 café, 你好!"}]},
+        {},
+        ["Ñandú 🦤 café, 你好!" + EOT],
+    ),
+    ("sharegpt-empty-answer", {"conversations": [{"from": "human", "value": "Silence?"}, {"from": "gpt", "value": ""}]}, {}, [EOT]),
+    (
+        "sharegpt-role-content-variant",
+        {"conversations": [user("Capital of Cuba?"), bot("Havana.")]},
+        {},
+        ["Havana." + EOT],
+    ),
     ("prompt-completion", {"prompt": "Q: capital of Peru?\nA:", "completion": " Lima."}, {}, [" Lima." + EOT]),
+    ("prompt-completion-unicode", {"prompt": "Hauptstadt von Österreich? ", "completion": "Wien — 维也纳 🎻"}, {}, ["Wien — 维也纳 🎻" + EOT]),
+    ("prompt-completion-empty-completion", {"prompt": "Say nothing:", "completion": ""}, {}, [EOT]),
+    ("prompt-completion-empty-prompt", {"prompt": "", "completion": "Only an answer."}, {}, ["Only an answer." + EOT]),
     (
         "prompt-completion-conversational",
         {"prompt": [user("Capital of Chile?")], "completion": [bot("Santiago.")]},
@@ -94,7 +116,12 @@ CASES = [
     ("alpaca", {"instruction": "Translate to French.", "input": "cat", "output": "chat"}, {}, ["chat" + EOT]),
     ("alpaca-empty-input", {"instruction": "Name a color.", "input": "", "output": "Blue."}, {}, ["Blue." + EOT]),
     ("alpaca-no-input-key", {"instruction": "Name a shape.", "output": "A circle."}, {}, ["A circle." + EOT]),
+    ("alpaca-unicode", {"instruction": "Übersetze ins Japanische.", "input": "Katze 🐈", "output": "猫 🐈"}, {}, ["猫 🐈" + EOT]),
+    ("alpaca-system-column", {"system": "Answer in one word.", "instruction": "Largest planet?", "output": "Jupiter."}, {}, ["Jupiter." + EOT]),
+    ("alpaca-empty-output", {"instruction": "Say nothing.", "input": "", "output": ""}, {}, [EOT]),
     ("text", {"text": "The capital of Norway is Oslo."}, {}, ["The capital of Norway is Oslo." + EOT]),
+    ("text-unicode", {"text": "Reykjavík — レイキャビク 🌋 is Iceland's capital."}, {}, ["Reykjavík — レイキャビク 🌋 is Iceland's capital." + EOT]),
+    ("text-empty", {"text": ""}, {}, [EOT]),
     (
         "columns-mapping",
         {"question": "Capital of Kenya?", "answer": " Nairobi."},
@@ -118,8 +145,10 @@ def test_trained_tokens_are_exactly_the_answers(tmp_path, prepare, tokenizer, ro
     assert prep.stats["rows"] == 2 and prep.stats["bad_rows"] == 0
     first = prep.train[0]
     assert trained_runs(tokenizer, first["input_ids"], first["labels"]) == answers
-    # everything else is context the model sees but is not trained on
-    assert first["labels"][0] == IGNORE or settings.get("format") == "text" or row.get("text")
+    # everything else is context the model sees but is not trained on (text rows and empty prompts have none)
+    has_context = "text" not in row and settings.get("format") != "text" and row.get("prompt") != ""
+    if has_context:
+        assert first["labels"][0] == IGNORE
 
 
 def test_every_format_in_one_table_decodes_to_answers(tmp_path, prepare, tokenizer):
@@ -256,3 +285,68 @@ def test_rows_whose_prompt_fills_the_length_are_dropped(tmp_path, prepare):
     prep = prepare(src, training={"max_seq_length": 32})
     assert prep.stats["nothing_trained"] == 1 and prep.stats["rows"] == 1
     assert all(any(x != IGNORE for x in lab) for lab in prep.train["labels"])
+
+
+# --- the same rows in every file type ------------------------------------------------------------
+def _write_as(kind: str, path_base, rows: list[dict]):
+    """Rows as a JSON array, CSV (nested values as JSON text in a cell) or Parquet (nested as lists/structs)."""
+    import csv
+
+    if kind == "json":
+        path = path_base.with_suffix(".json")
+        path.write_text(json.dumps(rows, indent=2, ensure_ascii=False), encoding="utf-8")
+    elif kind == "csv":
+        path = path_base.with_suffix(".csv")
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(keys)
+            for r in rows:
+                w.writerow([json.dumps(r[k], ensure_ascii=False) if isinstance(r.get(k), (list, dict)) else str(r.get(k, "")) for k in keys])
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = path_base.with_suffix(".parquet")
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["json", "csv", "parquet"])
+def test_every_case_gives_the_same_tokens_from_every_file_type(tmp_path, prepare, tokenizer, kind):
+    """A JSON array, a CSV file and a Parquet file of the rows of CASES prepare exactly like JSON Lines."""
+    for name, row, settings, answers in CASES:
+        if kind == "csv" and not any(row.values()):
+            continue  # a CSV line of empty fields is a blank line (spreadsheets write them), see test_csv_blank_lines
+        ref = prepare(write_rows(tmp_path / f"{name}.jsonl", [row, row]), dataset=settings).train
+        got = prepare(_write_as(kind, tmp_path / f"{name}-{kind}", [row, row]), dataset=settings).train
+        assert got["input_ids"] == ref["input_ids"] and got["labels"] == ref["labels"], (kind, name)
+        assert trained_runs(tokenizer, got[1]["input_ids"], got[1]["labels"]) == answers, (kind, name)
+
+
+LONG = " ".join(f"w{i}" for i in range(300))
+LONG_ROWS = [
+    ("messages", {"messages": [user("Go on."), bot(LONG)]}),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "Go on."}, {"from": "gpt", "value": LONG}]}),
+    ("prompt_completion", {"prompt": "Go on:", "completion": LONG}),
+    ("alpaca", {"instruction": "Go on.", "output": LONG}),
+    ("text", {"text": LONG}),
+]
+
+
+@pytest.mark.parametrize("fmt,row", LONG_ROWS, ids=[r[0] for r in LONG_ROWS])
+def test_very_long_rows_of_every_format_are_cut_and_counted(tmp_path, prepare, tokenizer, fmt, row):
+    """A row longer than max_seq_length keeps its first tokens; what is trained is the start of the answer."""
+    src = write_rows(tmp_path / "rows.jsonl", [row, {"text": "short"} if fmt == "text" else row])
+    prep = prepare(src, training={"max_seq_length": 48})
+    assert prep.stats["format"] == fmt and prep.stats["over_max_length"] >= 1 and prep.stats["truncated"] >= 1
+    first = prep.train[0]
+    assert len(first["input_ids"]) == 48
+    (run,) = trained_runs(tokenizer, first["input_ids"], first["labels"])
+    assert LONG.startswith(run) and len(run) > 10  # the cut end (and its end-of-turn token) is not trained
+
+
+def test_csv_blank_lines(tmp_path, prepare):
+    """Blank lines and lines of empty fields (as spreadsheets export them) are not rows."""
+    (tmp_path / "rows.csv").write_text('prompt,completion\n"a","b"\n\n,\n"",""\n"c","d"\n', encoding="utf-8")
+    assert prepare(tmp_path / "rows.csv").stats["rows"] == 2
