@@ -40,6 +40,7 @@ __all__ = [
     "under_torchrun",
     "launcher_records_state",
     "state_extra",
+    "follow_launcher",
     "terminated_state",
     "record_error",
     "setup",
@@ -115,6 +116,26 @@ def terminated_state(signum: int) -> tuple[str, str]:
             "the first failure is in the log (python -m kubetune.distributed names it in the status)"
         )
     return C.STATE_CANCELLED, f"received signal {name}"
+
+
+def follow_launcher() -> None:
+    """Make this worker die with the launcher that started it (Linux; no-op elsewhere and outside a launcher).
+
+    torchrun starts each rank in its own session, so a launcher killed outright (``kill -9``, the OOM killer)
+    would leave its ranks training on alone, writing a run directory whose job has already ended.
+    """
+    launcher = os.environ.get(C.ENV_LAUNCHER_PID)
+    if not (launcher and under_torchrun() and sys.platform.startswith("linux")):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return
+    if os.getppid() != int(launcher):  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def record_error(message: str, traceback_text: str = "") -> None:

@@ -34,6 +34,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
 
     The run directory records every step; its final state is succeeded, failed or cancelled.
     """
+    distributed.follow_launcher()  # a rank never outlives the launcher that started it
     rank = int(os.environ.get("RANK", "0"))
     is_main = rank == 0
     run = RunDir(run_dir or job.output_dir, echo=os.environ.get(C.ENV_EVENT_STDOUT) == "1")

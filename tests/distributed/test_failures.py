@@ -124,3 +124,32 @@ def test_fsdp_on_cpu_is_refused_with_a_clear_error(tmp_path):
     reason = status(run_dir)["reason"]
     assert "training.strategy fsdp needs GPUs" in reason and "use training.strategy: ddp on CPU" in reason, reason
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_no_rank_outlives_a_launcher_killed_outright(tmp_path):
+    """kill -9 of the launcher (the OOM killer, a user): its ranks, in sessions of their own, stop too."""
+    run_dir = tmp_path / "run"
+    spec = write_spec(dist_spec(run_dir, procs=2, max_steps=400), tmp_path / "spec.yaml")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kubetune.cli", "run", str(spec)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(),
+    )
+    try:
+        wait_for(lambda: run_dir.joinpath(C.STATUS_FILE).is_file() and (status(run_dir).get("step") or 0) >= 1, 240, "step 1", proc)
+        launcher = status(run_dir)["extra"]["launcher_pid"]
+        ranks = rank_pids(launcher)
+        assert sorted(ranks) == [0, 1]
+        os.kill(launcher, signal.SIGKILL)
+        wait_for(lambda: not rank_pids(launcher), 10, "the ranks' end")
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in rank_pids(launcher).values() if "launcher" in locals() else ():
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert status(run_dir)["state"] == C.STATE_FAILED
+    step = status(run_dir)["step"]
+    time.sleep(2)
+    assert status(run_dir)["step"] == step  # nothing trains on

@@ -170,5 +170,9 @@ def test_two_node_job_trains_with_torchrun(s3, capitals, tmp_path):
     assert (run / C.DONE_FILE).is_file()
     status = json.loads((run / C.STATUS_FILE).read_text())
     assert status["state"] == C.STATE_SUCCEEDED
+    # the two pods trained as one job of two ranks (not two jobs of one): rank 0 saw world size 2, planned the
+    # global batch over both, and both pods' ranks took every step
+    assert status["extra"]["world_size"] == 2 and status["step"] == status["total_steps"]
+    assert "x 2 process(es)" in pods[0].output("worker")
     assert not (pods[1].host_path(C.K8S_OUTPUT_DIR) / C.DONE_FILE).exists()
     assert C.EVENT_LINE_PREFIX not in pods[1].output("worker")  # only rank 0 reports; its log is the record
