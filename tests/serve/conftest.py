@@ -21,19 +21,25 @@ CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
 API_KEY = "test-key-123"
 
 
-def make_adapter(base_dir: Path, out: Path, *, seed: int, r: int = 8, scale: float = 0.3) -> Path:
-    """A LoRA adapter on ``base_dir`` whose B matrices are random (a fresh adapter is a no-op: B=0)."""
+def make_adapter(base_dir: Path, out: Path, *, seed: int, r: int = 8, scale: float = 0.3, modules_to_save: list[str] | None = None) -> Path:
+    """A LoRA adapter on ``base_dir`` whose B matrices are random (a fresh adapter is a no-op: B=0).
+
+    ``modules_to_save`` are saved whole in the adapter and perturbed too, tied like kubetune trains them.
+    """
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM"))
+    extra = {"modules_to_save": modules_to_save, "ensure_weight_tying": True} if modules_to_save else {}
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM", **extra))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
+            elif "modules_to_save" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * scale / 3)
     model.save_pretrained(out)
     return out
 

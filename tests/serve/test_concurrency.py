@@ -103,3 +103,45 @@ def test_a_client_that_goes_away_frees_its_place(server):
     assert engine.running == 0
     r = server.client().chat.completions.create(model="beta", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert r.choices[0].finish_reason == "length"
+
+
+def test_adapters_with_and_without_saved_modules_share_a_batch(artifacts, tmp_path):
+    """An adapter trained with modules_to_save (the quickstart saves embed_tokens), a plain LoRA adapter and the
+    base model are decoded in the same forward passes, each row with its own weights: the replies equal
+    transformers generate with that adapter alone. (PEFT's mixed-adapter forward alone fails with KeyError.)"""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .conftest import make_adapter, start_server
+
+    saved = make_adapter(artifacts.base, tmp_path / "saved", seed=3, modules_to_save=["embed_tokens"])
+    models = {"saved": saved, "beta": artifacts.beta, "tiny-chat": None}
+    reqs = [{"model": m, "messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0} for m in models for p in PROMPTS[:3]]
+    tok = AutoTokenizer.from_pretrained(artifacts.base)
+    want = []
+    for body in reqs:
+        model = AutoModelForCausalLM.from_pretrained(artifacts.base, dtype=torch.float32)
+        if models[body["model"]] is not None:
+            model = PeftModel.from_pretrained(model, models[body["model"]])
+        ids = tok.apply_chat_template(body["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.inference_mode():
+            out = model.eval().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+        want.append(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    assert len(set(want)) >= 6, "the three models answer differently"
+
+    s = start_server("builtin://tiny-chat", {"saved": str(saved), "beta": str(artifacts.beta)})
+    try:
+
+        async def all_at_once():
+            aclient = s.async_client()
+            try:
+                return await asyncio.gather(*[aclient.chat.completions.create(**body) for body in reqs])
+            finally:
+                await aclient.close()
+
+        got = [r.choices[0].message.content for r in asyncio.run(all_at_once())]
+        assert got == want
+        assert s.app.state.server.loaded.engine.max_rows_seen >= 3, "the models shared forward passes"
+    finally:
+        s.close()

@@ -498,6 +498,7 @@ def load_engine(plan: Any, options: Any, *, on_step: Callable[[int], None] | Non
             raise SourceError(f"cannot load adapter onto {plan.model_name}: {e}", hint="an adapter must be trained on the served base model") from None
         for a in plan.adapters:
             chat_tokenizers[a.name] = _adapter_tokenizer(a.path, tokenizer, trust)
+        _share_base_modules(model, [a.name for a in plan.adapters])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval()
@@ -516,6 +517,26 @@ def load_engine(plan: Any, options: Any, *, on_step: Callable[[int], None] | Non
         default_temperature=float(getattr(gen, "temperature", 1.0) or 1.0) if sampled else 0.0,
         default_top_p=float(getattr(gen, "top_p", 1.0) or 1.0) if sampled else 1.0,
     )
+
+
+def _share_base_modules(model: Any, names: list[str]) -> None:
+    """Let adapters without a module another adapter saved (modules_to_save) share mixed-adapter batches.
+
+    PEFT's mixed-adapter forward looks every row's adapter up in each ModulesToSaveWrapper and fails
+    (KeyError) for an adapter that did not save that module, e.g. a plain LoRA adapter next to one trained
+    with ``modules_to_save: [embed_tokens]``. Such an adapter computes that module with the base weights
+    (what a forward with only that adapter active does), so the base module itself is registered under the
+    adapter's name: no copy, and forwards with one adapter are unchanged.
+    """
+    try:
+        from peft.utils.other import ModulesToSaveWrapper
+    except ImportError:  # a peft without it has no such modules
+        return
+    wrappers = [m for m in model.modules() if isinstance(m, ModulesToSaveWrapper)]
+    for w in wrappers:
+        for name in names:
+            if name not in w.modules_to_save:
+                w.modules_to_save[name] = w.original_module
 
 
 def _base_config(model: Any) -> Any:
