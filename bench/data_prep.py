@@ -14,8 +14,9 @@ kubetune's ChatML template, which carries the ``{% generation %}`` markers TRL n
 Before timing, the tokens and labels of a sample of rows are compared between the two. Runs are
 interleaved (TRL, kubetune, TRL, kubetune, ...) because the machine is shared; medians are reported.
 
-    .venv/bin/python bench/data_prep.py                 # 100k rows, 3 runs each
-    .venv/bin/python bench/data_prep.py --rows 5000 --runs 1   # quick look
+    .venv/bin/python bench/data_prep.py                 # 100k rows, 3 runs each (the issue's setting):
+                                                        # ~20 min on an idle 2-core machine, ~35 min on a busy one
+    .venv/bin/python bench/data_prep.py --rows 5000 --runs 1   # quick look (about a minute)
     .venv/bin/python bench/data_prep.py --write-docs    # record in docs/benchmarks.md
 """
 

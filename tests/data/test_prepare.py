@@ -193,3 +193,18 @@ def test_tokenizer_with_its_own_truncation_does_not_cut_rows(tmp_path, prepare, 
     got = prepare(src).train[0]
     assert got["input_ids"] == plain["input_ids"] and got["labels"] == plain["labels"]
     assert len(got["input_ids"]) > 60
+
+
+def test_encoder_falls_back_to_transformers_when_the_backend_was_changed(tokenizer):
+    """If something sets truncation on the Rust tokenizer after the encoder was made, rows are still whole:
+    the encoder then goes through transformers' call, which resets it."""
+    from kubetune.data.encode import EncodeSettings
+    from kubetune.data.templates import CHAT_TEMPLATES
+
+    settings = EncodeSettings("auto", (), False, 4096, "truncate")
+    enc = Encoder(tokenizer, CHAT_TEMPLATES["chatml"], settings)
+    row = b'{"messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "' + b" ".join(b"n%d" % i for i in range(80)) + b'"}]}'
+    whole = enc.encode([(0, 1, row)]).batch.column("input_ids")[0].as_py()
+    tokenizer.backend_tokenizer.enable_truncation(8)
+    again = enc.encode([(0, 1, row)]).batch.column("input_ids")[0].as_py()
+    assert again == whole and len(whole) > 80
