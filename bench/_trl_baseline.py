@@ -3,8 +3,9 @@
 It trains what a kubetune job trains, with the same settings spelled out by hand: the builtin tiny model
 (``kubetune.training.builtin.materialize('tiny-chat')``, used only to find the model directory), the same
 JSONL data and evaluation split size, the same LoRA config (r, alpha, dropout, all-linear,
-modules_to_save kept tied), batch size, learning rate and schedule, optimizer, steps, max length, seed,
-logging/eval/save intervals, on the CPU. It is what a user would write without kubetune.
+modules_to_save kept tied), loss on the answers only, batch size, learning rate and schedule, optimizer,
+steps, max length, seed, logging/eval/save intervals, on the CPU. It is what a user would write without
+kubetune.
 
 It prints one JSON line at the end: tokens (non-padding input tokens), train_seconds (from the trainer's
 first step hook to its last log, measured the way kubetune's progress callback measures), tokens/s,
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     data = load_dataset("json", data_files=a.data, split="train")
+    # The loss on the answers only, as kubetune's default (dataset.train_on_inputs: false): TRL does that for
+    # conversational prompt/completion rows (completion_only_loss); on plain `messages` it would train on every
+    # token (assistant_only_loss needs {% generation %} markers this chat template lacks).
+    data = data.map(lambda r: {"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}, remove_columns=data.column_names)
     if a.eval_split:
         n_eval = max(1, int(round(len(data) * a.eval_split)))
         split = data.train_test_split(test_size=n_eval, seed=a.seed)

@@ -5,7 +5,10 @@ examples/data/capitals.jsonl with a 10% eval split, LoRA r16/alpha32 on all line
 embeddings, batch 8, lr 3e-3 cosine, max length 256, seed 42, on the CPU). The baseline is
 bench/_trl_baseline.py. Each side runs once untimed (warm caches: the generated model, the OS page cache,
 kubetune's prepared-data cache, which a rerun of a job also uses), then ``--runs`` timed runs each,
-interleaved (baseline, kubetune, baseline, ...), because the machine is shared and noisy.
+interleaved (baseline, kubetune, baseline, ...), because the machine is shared and noisy. The baseline runs in
+its own session, as kubetune's worker does: with Linux autogroup scheduling a process sharing this script's
+session would get a smaller CPU share on a busy machine (an early version measured kubetune 3-5x "faster"
+that way).
 
 Measured: wall time of the whole command (process start to exit: imports, data preparation, training,
 evaluation, checkpoint and adapter writes, for kubetune also the CLI, its child worker process and the run
@@ -40,10 +43,21 @@ CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
 SECTION = "## Overhead: `kubetune run` vs a bare TRL script (bench/overhead.py)"
 
 
-def bench_env(home: Path) -> dict:
+def bench_env(home: Path, threads: int | None = None) -> dict:
+    """The environment of both sides: the bench's own KUBETUNE_HOME, offline, and the same torch thread count."""
     env = {**os.environ, "KUBETUNE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env.pop("KUBETUNE_DEBUG", None)
     return env
+
+
+def builtin_model_dir(env: dict) -> str:
+    """Generate (once) and locate builtin://tiny-chat in the bench's KUBETUNE_HOME, in a separate process,
+    so that the baseline gets a plain model directory and never imports kubetune."""
+    code = "from kubetune.training.builtin import materialize; print(materialize('tiny-chat'))"
+    out = subprocess.run([PY, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
 
 
 def run_kubetune(out: Path, env: dict, sets: list[str], spec: Path = QUICKSTART) -> dict:
@@ -71,7 +85,10 @@ def run_baseline(out: Path, env: dict, args: list[str]) -> dict:
     """bench/_trl_baseline.py with ``args``; wall time plus the JSON line it prints last."""
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([*BASELINE, "--out", str(out), *args], cwd=REPO, env=env, capture_output=True, text=True)
+    # In its own session, as kubetune's local backend starts its worker: with the kernel's autogroup scheduling
+    # (sched_autogroup_enabled) each session gets a fair share of the CPU, so the baseline must not share one
+    # with this script (and whatever else runs in the terminal) while kubetune's worker has one of its own.
+    proc = subprocess.run([*BASELINE, "--out", str(out), *args], cwd=REPO, env=env, capture_output=True, text=True, start_new_session=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"baseline failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -93,14 +110,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side (default 3)")
     p.add_argument("--epochs", type=float, default=2.0, help="training.epochs (the quickstart has 20; default 2 keeps the run short)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: torch's default)")
     p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kubetune-bench-overhead-"))
-    env = bench_env(work / "home")
+    env = bench_env(work / "home", a.threads)
     sets = [f"training.epochs={a.epochs:g}"]
-    base_args = ["--data", str(CAPITALS), "--epochs", f"{a.epochs:g}"]  # the rest are the quickstart's values (defaults)
     try:
+        # the rest are the quickstart's values (the baseline's defaults)
+        base_args = ["--model", builtin_model_dir(env), "--data", str(CAPITALS), "--epochs", f"{a.epochs:g}"]
         print(f"warm-up (untimed): the builtin model, page cache, prepared data; {a.epochs:g} epochs per run")
         run_baseline(work / "warm-b", env, base_args)
         run_kubetune(work / "warm-k", env, sets)
@@ -117,7 +136,8 @@ def main() -> int:
     wall_ratio, tps_ratio = kw / bw, ktt / bt
     verdict = "meets" if wall_ratio <= 1.15 else "MISSES"
     steps = kt[0]["global_step"]
-    cmd = "python bench/overhead.py" + (f" --epochs {a.epochs:g}" if a.epochs != 2.0 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + " --write-docs"
+    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "torch's default thread count"
+    cmd = "python bench/overhead.py" + (f" --epochs {a.epochs:g}" if a.epochs != 2.0 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
     rows = "\n".join(
         f"| {i + 1} | {b['wall']:.1f} | {k['wall']:.1f} | {b['tokens_per_second']} | {k['tokens_per_second']} |" for i, (b, k) in enumerate(zip(base, kt))
     )
@@ -125,7 +145,8 @@ def main() -> int:
 The quickstart job (examples/quickstart.yaml, {a.epochs:g} epochs = {steps} steps) through `kubetune run`
 (CLI, child worker process, run directory, events, checkpoints) against bench/_trl_baseline.py, a bare TRL
 SFTTrainer script with the same model, data, eval split, LoRA config, batch, learning rate, schedule,
-steps, max length, seed and intervals. One untimed warm-up each, then {a.runs} timed runs each, interleaved.
+steps, max length, seed and intervals, both with {threads}. One untimed warm-up each, then {a.runs} timed runs
+each, interleaved.
 
 | | bare TRL (median) | kubetune (median) | ratio |
 |---|---|---|---|

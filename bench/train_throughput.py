@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write_section  # noqa: E402
-from overhead import CAPITALS, bench_env, interleave, run_baseline, run_kubetune  # noqa: E402
+from overhead import CAPITALS, bench_env, builtin_model_dir, interleave, run_baseline, run_kubetune  # noqa: E402
 
 SECTION = "## Training throughput: kubetune vs bare TRL, and packing (bench/train_throughput.py)"
 
@@ -58,16 +58,17 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of each side per comparison (default 3)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     p.add_argument("--skip-packing", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: torch's default)")
     p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
     a = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kubetune-bench-throughput-"))
-    env = bench_env(work / "home")
+    env = bench_env(work / "home", a.threads)
     steps = a.steps
     # No evaluation and one save at the end: the measured loop is training steps only, on both sides.
     k_same = [f"training.max_steps={steps}", "dataset.eval_split=0", f"training.save_steps={steps}"]
-    b_same = ["--data", str(CAPITALS), "--max-steps", str(steps), "--eval-split", "0", "--save-steps", str(steps)]
     try:
+        b_same = ["--model", builtin_model_dir(env), "--data", str(CAPITALS), "--max-steps", str(steps), "--eval-split", "0", "--save-steps", str(steps)]
         print(f"part 1: same work, {steps} steps, {a.runs} runs each (after one warm-up each)")
         run_baseline(work / "wb", env, b_same)
         run_kubetune(work / "wk", env, k_same)
@@ -76,7 +77,7 @@ def main() -> int:
         if not a.skip_packing:
             data = mixed_length_data(work / "mixed.jsonl")
             k_pack = [f"dataset.source={data}", "training.packing=true", *k_same]
-            b_pad = ["--data", str(data), *b_same[2:]]
+            b_pad = [*b_same[:2], "--data", str(data), *b_same[4:]]
             print(f"part 2: packing on a mixed-length dataset ({data}), {a.runs} runs each")
             run_baseline(work / "wpb", env, b_pad)
             run_kubetune(work / "wpk", env, k_pack)
@@ -87,13 +88,14 @@ def main() -> int:
     def tps(rs):
         return median([r["tokens_per_second"] for r in rs])
 
+    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "torch's default thread count"
     ratio = tps(kt) / tps(base)
     verdict = "meets" if ratio >= 0.95 else "MISSES"
     lines = [
         f"Part 1, the same work: the quickstart settings for {steps} steps (no evaluation, one save at the end) through",
         "`kubetune run` and through bench/_trl_baseline.py (bare TRL SFTTrainer, same model, data, LoRA config, batch,",
-        f"lr, schedule, max length, seed). {a.runs} runs each after one warm-up each, interleaved. Tokens/s counts",
-        "non-padding input tokens over the training loop on both sides.",
+        f"lr, schedule, max length, seed), both with {threads}. {a.runs} runs each after one warm-up each, interleaved.",
+        "Tokens/s counts non-padding input tokens over the training loop on both sides.",
         "",
         "| | bare TRL | kubetune | ratio |",
         "|---|---|---|---|",
@@ -117,7 +119,7 @@ def main() -> int:
             f"| tokens/s per run | {', '.join(str(r['tokens_per_second']) for r in pb)} | {', '.join(str(r['tokens_per_second']) for r in pk)} | |",
             f"| tokens per run ({steps} steps) | {pb[0]['tokens']} | {pk[0]['tokens']} | |",
         ]
-    cmd = "python bench/train_throughput.py" + (f" --steps {steps}" if steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + " --write-docs"
+    cmd = "python bench/train_throughput.py" + (f" --steps {steps}" if steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
     lines += [
         "",
         f"Command: `{cmd}`. Machine: {machine()}. Ran on the shared 2-core development machine while other people's",

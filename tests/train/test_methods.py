@@ -11,7 +11,7 @@ from kubetune import constants as C
 from kubetune.errors import TrainError
 from kubetune.spec import load_spec
 
-from .conftest import events, small
+from .conftest import events, small, status
 
 
 def _adapter_keys(run_dir):
@@ -172,3 +172,9 @@ def test_progress_events_and_plan(tiny_job, run_inprocess):
     evals = [e["data"] for e in evs if e["type"] == "metrics" and "eval_loss" in (e.get("data") or {})]
     assert evals and all(e["perplexity"] > 1 for e in evals)
     assert result["global_step"] == 2
+    # status.json (what `kubetune status` and the live view read) carries the latest progress.
+    st = status(run_dir)
+    assert st["step"] == st["total_steps"] == 2 and st["loss"] == steps[-1]["loss"]
+    assert st["eval_loss"] == evals[-1]["eval_loss"]
+    for key in ("learning_rate", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
+        assert st[key] is not None, key
