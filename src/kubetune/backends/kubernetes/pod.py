@@ -142,23 +142,30 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
     return args
 
 
+LAUNCHER = ["python", "-m", "kubetune.distributed"]  # torchrun, plus the job's reason and timeouts (distributed.py)
+
+
 def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple[list[str], list[str]]:
     """(command, args) of the main container.
 
     Args:
         launcher: ``static``: torchrun gets node rank and master from this pod's env (plain Job);
             ``operator``: the operator injects PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT, which torchrun reads.
+
+    Several processes start through ``python -m kubetune.distributed``, kubetune's drop-in for ``torchrun``
+    (same arguments): it names the first failing rank in the job's reason, applies the spec's rendezvous
+    timeout, and its ranks die with it.
     """
     r = job.resources
     wargs = worker_args(job, inputs)
     if r.world_size == 1:
         return ["kubetune", "worker"], wargs
     if r.nodes == 1:
-        return ["torchrun"], ["--standalone", "--nnodes=1", f"--nproc-per-node={r.processes_per_node}", "-m", "kubetune.worker", *wargs]
+        return LAUNCHER, ["--standalone", "--nnodes=1", f"--nproc-per-node={r.processes_per_node}", "-m", "kubetune.worker", *wargs]
     head = [f"--nnodes={r.nodes}", f"--nproc-per-node={r.processes_per_node}"]
     if launcher == "static":
         head += ["--node-rank=$(NODE_RANK)", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
-    return ["torchrun"], [*head, "-m", "kubetune.worker", *wargs]
+    return LAUNCHER, [*head, "-m", "kubetune.worker", *wargs]
 
 
 def default_image(job: TuneJob) -> str:
