@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 def render(
     spec: Path = typer.Argument(..., help="Job spec YAML."),
     backend: str = typer.Option("kubernetes", "--backend", "-b", help="Render for this backend: kubernetes (objects) or kfp (compiled pipeline IR)."),
-    flavor: Optional[str] = typer.Option(None, "--flavor", "-f", help="job, pytorchjob or trainjob (default: kubernetes.flavor)."),
+    flavor: Optional[str] = typer.Option(None, "--flavor", "-f", help="job, pytorchjob, trainjob or kaito (default: kubernetes.flavor)."),
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace of the objects (default: kubernetes.namespace)."),
     set_: List[str] = typer.Option([], "--set", help="Override a spec field, e.g. --set resources.nodes=2 (repeatable)."),
