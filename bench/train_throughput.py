@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write_section  # noqa: E402
-from overhead import CAPITALS, bench_env, builtin_model_dir, interleave, run_baseline, run_kubetune  # noqa: E402
+from overhead import CAPITALS, TOKENS_NOTE, bench_env, builtin_model_dir, interleave, run_baseline, run_kubetune  # noqa: E402
 
 SECTION = "## Training throughput: kubetune vs bare TRL, and packing (bench/train_throughput.py)"
 
@@ -126,6 +126,7 @@ def main() -> int:
         "tests ran, so single runs are noisy; read the medians of the interleaved runs.",
     ]
     body = "\n".join(lines)
+    body += "\n" + TOKENS_NOTE
     print(body)
     if a.write_docs:
         write_section(SECTION, body)
