@@ -149,11 +149,22 @@ def test_reply_stops_at_end_of_turn(artifacts, tmp_path):
 
 
 def test_health_and_metrics(server):
+    import re
+
+    def metric(text: str, name: str) -> float:
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    ttft = 'kubetune_serve_time_to_first_token_seconds_count{endpoint="chat"}'
+    latency = 'kubetune_serve_request_latency_seconds_count{endpoint="chat"}'
+    before = httpx.get(f"{server.url}/metrics").text
     server.client().chat.completions.create(model="beta", messages=CHAT, max_tokens=3)
+    list(server.client().chat.completions.create(model="beta", messages=CHAT, max_tokens=3, stream=True))
     text = httpx.get(f"{server.url}/metrics").text
     assert 'kubetune_serve_requests_total{endpoint="chat",model="beta",status="200"}' in text
     assert 'kubetune_serve_completion_tokens_total{model="beta"}' in text
     assert "kubetune_serve_request_latency_seconds_bucket" in text
-    assert "kubetune_serve_time_to_first_token_seconds_count" in text
+    assert metric(text, latency) == metric(before, latency) + 2
+    assert metric(text, ttft) == metric(before, ttft) + 1, "time to first token is measured on streams only"
     assert "kubetune_serve_requests_running" in text
