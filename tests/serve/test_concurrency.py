@@ -7,6 +7,7 @@ import re
 import time
 
 import httpx
+import pytest
 
 PROMPTS = [
     "What is the capital of France?",
@@ -101,6 +102,24 @@ def test_a_client_that_goes_away_frees_its_place(server):
         time.sleep(0.05)
     assert engine.cancelled_count == cancelled + 1, "the abandoned request was cancelled, not generated to the end"
     assert engine.running == 0
+    r = server.client().chat.completions.create(model="beta", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_a_plain_request_whose_client_gives_up_is_cancelled(server):
+    """A non-streaming client that times out (the openai client then retries) stops its generation too."""
+    engine = server.app.state.server.loaded.engine
+    cancelled = engine.cancelled_count
+    body = {"model": "beta", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 480}  # seconds of work
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.2))
+    for _ in range(200):
+        if engine.cancelled_count > cancelled and engine.running == 0:
+            break
+        time.sleep(0.05)
+    assert engine.cancelled_count == cancelled + 1, "the abandoned request was cancelled, not generated to the end"
+    assert engine.running == 0 and time.monotonic() - started < 8
     r = server.client().chat.completions.create(model="beta", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert r.choices[0].finish_reason == "length"
 

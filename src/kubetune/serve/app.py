@@ -119,7 +119,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
         request.state.model = job.model
         if body.stream:
             return StreamingResponse(server.stream(job, chat=True), media_type="text/event-stream", headers=_SSE_HEADERS)
-        return await server.collect(job, chat=True)
+        return await server.collect(job, chat=True, request=request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -127,7 +127,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
         request.state.model = job.model
         if body.stream:
             return StreamingResponse(server.stream(job, chat=False), media_type="text/event-stream", headers=_SSE_HEADERS)
-        return await server.collect(job, chat=False)
+        return await server.collect(job, chat=False, request=request)
 
     return app
 
@@ -173,6 +173,7 @@ def _listen(host: str, port: int) -> Any:
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DISCONNECT_POLL_SECONDS = 0.25  # how often a waiting non-streaming request checks that its client is still there
 
 
 class _Gate:
@@ -365,14 +366,19 @@ class _Server:
             self.loaded.engine.submit(r)
         return outputs, requests
 
-    async def collect(self, job: _Job, *, chat: bool) -> dict:
+    async def collect(self, job: _Job, *, chat: bool, request: Request | None = None) -> dict | Response:
         outputs, requests = self._submit(job, stream=False)
         texts = [""] * len(requests)
         reasons: list[str | None] = [None] * len(requests)
         tokens = [0] * len(requests)
         try:
             while any(r is None for r in reasons):
-                i, out = await outputs.get()
+                try:
+                    i, out = await asyncio.wait_for(outputs.get(), timeout=_DISCONNECT_POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        return Response(status_code=499)  # nobody reads it; `finally` frees the batch rows
+                    continue
                 texts[i] += out.text
                 tokens[i] = out.completion_tokens
                 if out.finish_reason:
