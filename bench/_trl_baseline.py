@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         save_total_limit=2,
         gradient_checkpointing=False,  # TRL's default is True; the kubetune lora preset says false
         use_cpu=True,
+        # TRL's SFTConfig defaults to bf16=True, i.e. bf16 autocast even on a CPU; kubetune (model.dtype auto)
+        # trains in fp32 on a CPU, so the baseline does too.
+        bf16=False,
+        fp16=False,
         disable_tqdm=True,
         report_to="none",
         max_length=a.max_length,

@@ -42,15 +42,11 @@ QUICKSTART = REPO / "examples" / "quickstart.yaml"
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
 SECTION = "## Overhead: `kubetune run` vs a bare TRL script (bench/overhead.py)"
 
-# What a reader should know about the tokens/s comparison (from a torch profile of both sides, 4 steps each).
+# What a reader should know about the comparison.
 TOKENS_NOTE = """
-Reading the tokens/s ratio: on this CPU kubetune trains faster than the bare script on batches of the same
-shape and token count. The two sides build identical models (same trainable parameters, checked) and make
-identical attention calls (same shapes, strides, boolean masks), and a torch profile of 4 steps each puts
-the gap in the SDPA attention backward kernel (about 10x slower in the bare script's process, reproducibly),
-whose cause was not found when this was written; it is not an import (importing kubetune into the bare
-script changes nothing) nor denormals (flush-to-zero changes nothing). So read the ratio as "kubetune adds
-no training-loop overhead", not as a speed-up to expect on a GPU.
+Precision: TRL's `SFTConfig` defaults to `bf16=True`, while kubetune's `model.dtype: auto` trains in fp32 on a
+CPU; the bare script sets `bf16=False` so that both train the same way. Spread: single runs of either side
+vary by up to +-30% on this shared machine, so ratios within about 10% of 1 are within the noise.
 """
 
 
