@@ -66,6 +66,7 @@ class JobStatus:
     loss: float | None = None
     eval_loss: float | None = None
     learning_rate: float | None = None
+    grad_norm: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: float | None = None
     peak_memory_mb: float | None = None
@@ -116,7 +117,7 @@ class JobStatus:
             if self.state == C.STATE_PENDING:
                 self.state = C.STATE_RUNNING
         elif t == "metrics":
-            for k in ("step", "total_steps", "epoch", "loss", "eval_loss", "learning_rate", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
+            for k in ("step", "total_steps", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
                 if data.get(k) is not None:
                     setattr(self, k, data[k])
         elif t == "error":

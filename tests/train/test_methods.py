@@ -176,5 +176,5 @@ def test_progress_events_and_plan(tiny_job, run_inprocess):
     st = status(run_dir)
     assert st["step"] == st["total_steps"] == 2 and st["loss"] == steps[-1]["loss"]
     assert st["eval_loss"] == evals[-1]["eval_loss"]
-    for key in ("learning_rate", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
+    for key in ("learning_rate", "grad_norm", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
         assert st[key] is not None, key
