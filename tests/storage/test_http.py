@@ -109,6 +109,30 @@ def test_sha256_checked(http_server, tmp_path):
     assert not (tmp_path / "bad" / "h.txt").exists()
 
 
+def test_sha256_in_the_uri_fragment(http_server, tmp_path):
+    # a job spec has no sha256 field: dataset.source: https://host/data.jsonl#sha256=HEX carries it
+    data = b'{"text": "hi"}\n' * 100
+    (http_server.root / "f.jsonl").write_bytes(data)
+    good = hashlib.sha256(data).hexdigest()
+    out = fetch(f"{http_server.url}/f.jsonl#sha256={good}", tmp_path / "ok")
+    assert out.name == "f.jsonl" and out.read_bytes() == data
+    with pytest.raises(SourceError, match="sha256 mismatch"):
+        fetch(f"{http_server.url}/f.jsonl#sha256={'0' * 64}", tmp_path / "bad", use_cache=False)
+    assert not (tmp_path / "bad" / "f.jsonl").exists()
+    with pytest.raises(SourceError, match="only fragment kubetune reads"):
+        fetch(f"{http_server.url}/f.jsonl#md5=abc", tmp_path / "frag")
+    with pytest.raises(SourceError, match="disagree"):
+        fetch(f"{http_server.url}/f.jsonl#sha256={good}", tmp_path / "two", sha256="1" * 64)
+
+
+def test_sha256_fragment_in_a_job_spec_validates():
+    from kubetune import load_spec
+
+    uri = "https://data.example.com/capitals.jsonl#sha256=" + "a" * 64
+    job = load_spec({"name": "frag", "model": {"source": "builtin://tiny-chat"}, "dataset": {"source": uri}})
+    assert job.dataset.source == uri
+
+
 def test_cache_by_etag(http_server):
     (http_server.root / "c.jsonl").write_bytes(b"v1\n")
     url = f"{http_server.url}/c.jsonl"

@@ -9,8 +9,10 @@ there directly, skipping those already present and verified. A single archive is
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .. import constants as C
 from ..errors import SourceError
@@ -38,6 +40,7 @@ def fetch_with_stats(
 ) -> tuple[Path, TransferStats]:
     """:func:`kubetune.storage.fetch`, also returning what was transferred (for the CLI's summary)."""
     loc = parse_uri(uri, revision)
+    sha256 = _expected_digest(loc, sha256)
     stats = TransferStats(uri=loc.safe)
     target = Path(dest).expanduser().absolute() if dest is not None else None
     if loc.scheme == "file":
@@ -60,6 +63,22 @@ def fetch_with_stats(
     log.info("fetched %s -> %s (%d bytes in %d files, %.1fs%s)", loc.safe, result, stats.bytes, stats.files,
              stats.seconds, ", cached" if stats.cached else "")
     return result, stats
+
+
+def _expected_digest(loc: Location, sha256: str | None) -> str | None:
+    """The digest to verify: the argument, or an http(s) URI's ``#sha256=HEX`` fragment (usable in a job spec)."""
+    if loc.scheme not in ("http", "https"):
+        return sha256
+    frag = urlsplit(loc.uri).fragment
+    if not frag:
+        return sha256
+    key, _, value = frag.partition("=")
+    value = value.strip().lower().removeprefix("sha256:")
+    if key.strip().lower() != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise SourceError(f"{loc.safe}: unsupported URI fragment '#{frag}'", hint="the only fragment kubetune reads is #sha256=<64 hex digits>")
+    if sha256 and sha256.lower().removeprefix("sha256:") != value:
+        raise SourceError(f"{loc.safe}: the URI's #sha256 and the sha256 given disagree", hint="give the digest once")
+    return value
 
 
 # --- local paths -----------------------------------------------------------------------------
