@@ -12,7 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 CAPITALS = EXAMPLES / "data" / "capitals.jsonl"
-SCHEMAS = REPO.parent / "shared" / "schemas"
 
 
 @pytest.fixture(scope="session", autouse=True)

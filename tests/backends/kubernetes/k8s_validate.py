@@ -20,7 +20,9 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-SCHEMAS = Path(__file__).resolve().parents[3] / ".." / "shared" / "schemas"
+SHARED_SCHEMAS = (Path(__file__).resolve().parents[3] / ".." / "shared" / "schemas").resolve()
+VENDORED_SCHEMAS = Path(__file__).resolve().parent / "crds"  # unchanged copies, for machines without shared/
+SCHEMAS = SHARED_SCHEMAS if SHARED_SCHEMAS.is_dir() else VENDORED_SCHEMAS
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
 CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Secret"}
 CRDS = {

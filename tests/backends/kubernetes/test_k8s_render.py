@@ -14,7 +14,7 @@ from kubetune.errors import SpecError
 from kubetune.spec import load_spec
 
 from . import specs
-from .k8s_validate import SCHEMAS, validate_all
+from .k8s_validate import CRDS, SCHEMAS, SHARED_SCHEMAS, VENDORED_SCHEMAS, validate_all
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("KUBETUNE_UPDATE_GOLDEN") == "1"  # KUBETUNE_UPDATE_GOLDEN=1 pytest ... rewrites them
@@ -40,8 +40,11 @@ def _main(workload: dict) -> dict:
     return _pod_specs(workload)[0]["containers"][0]
 
 
-def test_schemas_are_beside_the_repo():
-    assert (SCHEMAS / "README.md").is_file(), f"CRD schemas not found at {SCHEMAS} (CI keeps shared/ beside the clone)"
+def test_crd_schemas_are_found_and_the_vendored_copies_are_unchanged():
+    for rel in CRDS.values():
+        assert (SCHEMAS / rel).is_file(), f"CRD schema {rel} not found in {SCHEMAS}"
+        if SHARED_SCHEMAS.is_dir():  # the copies in tests/ must be exactly the project's schemas
+            assert (VENDORED_SCHEMAS / rel).read_bytes() == (SHARED_SCHEMAS / rel).read_bytes(), rel
 
 
 @pytest.mark.parametrize("flavor", specs.FLAVORS)
