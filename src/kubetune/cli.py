@@ -343,9 +343,23 @@ for _mod in ("cli_storage", "cli_kubernetes", "cli_kfp", "cli_serve", "cli_data"
     _m.register(app)
 
 
+def _quiet_library_notices() -> None:
+    """Hide library notices that say nothing actionable to a kubetune user (``--debug`` keeps them)."""
+    import logging
+    import warnings
+
+    # bitsandbytes' CPU backend logs at import that the optional `kernels` package (kernels fetched from the Hub)
+    # is missing; it falls back to its own kernels, and peft imports bitsandbytes even for plain LoRA.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # transformers deprecations triggered inside peft/trl, not by anything in the user's spec
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+
+
 def main() -> None:
     """Console entry point: user errors print one message and exit 2; --debug shows tracebacks."""
     debug = "--debug" in sys.argv or os.environ.get(C.ENV_DEBUG) == "1"
+    if not debug:
+        _quiet_library_notices()
     try:
         app()
     except KubetuneError as e:
