@@ -43,10 +43,11 @@ CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
 SECTION = "## Overhead: `kubetune run` vs a bare TRL script (bench/overhead.py)"
 
 # What a reader should know about the comparison.
+LOAD0 = os.getloadavg()[0]  # machine load when the benchmark started
+
 TOKENS_NOTE = """
 Precision: TRL's `SFTConfig` defaults to `bf16=True`, while kubetune's `model.dtype: auto` trains in fp32 on a
-CPU; the bare script sets `bf16=False` so that both train the same way. Spread: single runs of either side
-vary by up to +-30% on this shared machine, so ratios within about 10% of 1 are within the noise.
+CPU; the bare script sets `bf16=False` so that both train the same way.
 """
 
 
@@ -173,8 +174,9 @@ eval rows and shuffles the training rows with its own (seeded) code, so the two 
 different order: a last-step loss is one batch of 8 rows and differs between the sides; the eval loss is the
 like-for-like check that both learned as much.
 
-Command: `{cmd}`. Machine: {machine()}. Ran on the shared 2-core development machine while other
-people's tests ran, so single runs are noisy; the medians of interleaved runs are the figures to read.
+Command: `{cmd}`. Machine: {machine()}. 1-minute load average {LOAD0:.1f} when the benchmark started and
+{os.getloadavg()[0]:.1f} when it ended (about 1 means this benchmark had the machine to itself; much more, that other
+work shared its 2 cores, and single runs get noisy: read the medians of the interleaved runs).
 """
     body += TOKENS_NOTE
     print(body)
