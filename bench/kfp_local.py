@@ -79,12 +79,10 @@ Per run (seconds):
 Both sides train with the same code and settings (final train loss, median: local
 {median([r['final_loss'] for r in base]):.4f}, kfp {median([r['final_loss'] for r in measured]):.4f}); the pipeline's own cost is the
 time outside the training loop (a driver and one process per task, each importing kubetune and the kfp
-executor, and the runner's artifact handling). Single runs on this machine varied by more than that
-difference (see the per-run table), so read the medians as a rough size of the fixed cost, not a precise one.
+executor, and the runner's artifact handling). {spread_text(base, measured, kw - bw)}
 
-Command: `{cmd}`. Machine: {machine()}. Ran on the shared 2-core development machine while other
-people's tests and benchmarks ran (1-minute load average {load:.1f} at the end), so single runs are noisy; the medians of
-interleaved runs are the figures to read.
+Command: `{cmd}`. Machine: {machine()}. 1-minute load average {load:.1f} at the end (about 1: the benchmark had the
+machine to itself; much more: other work shared its 2 cores and single runs get noisy).
 """
 
 
@@ -119,6 +117,16 @@ def main() -> int:
         write_section(SECTION, body)
         print("recorded in docs/benchmarks.md")
     return 0
+
+
+def spread_text(base: list[dict], measured: list[dict], diff: float) -> str:
+    """Whether single runs varied less or more than the difference between the medians."""
+    spread = max(max(r["wall"] for r in rs) - min(r["wall"] for r in rs) for rs in (base, measured))
+    if spread < abs(diff):
+        return (f"Single runs varied by at most {spread:.1f} s on either side, less than the {abs(diff):.1f} s difference, "
+                "so the difference is the pipeline's fixed cost.")
+    return (f"Single runs varied by up to {spread:.1f} s, more than the {abs(diff):.1f} s difference, so read the medians "
+            "as a rough size of the fixed cost, not a precise one.")
 
 
 if __name__ == "__main__":
