@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from ..events import JobStatus, RunDir
 from ..paths import jobs_dir
 from ..spec import TuneJob, dump_spec
 from .base import JobRef
+from ._process import alive as _alive, kill_group as _kill_group, new_job_id, tail as _tail
 
 __all__ = ["LocalBackend"]
 
@@ -44,7 +44,7 @@ class LocalBackend:
                 f"{run.path} is in use by job {current.job_id} (pid {current.pid})",
                 hint=f"wait for it, cancel it (kubetune cancel {current.job_id}), or set output.dir",
             )
-        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        job_id = new_job_id(job.name)
         run.init()
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
         for stale in (run.done_file, run.result_file):
@@ -206,30 +206,3 @@ def _worker_command(job: TuneJob, run: RunDir) -> list[str]:
         sys.executable, "-m", "kubetune.distributed", "--standalone",
         f"--nproc-per-node={r.processes_per_node}", "--max-restarts=0", *args,
     ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from ...events import JobStatus, RunDir, make_event
 from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
 from ..base import JobRef
+from .._process import alive as _alive, kill_group as _kill_group, new_job_id, tail as _tail
 
 __all__ = ["KfpBackend"]
 
@@ -350,7 +350,7 @@ def _map_state(kfp_state: str) -> str:
 
 
 def _new_id(job: TuneJob) -> str:
-    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return new_job_id(job.name)
 
 
 def _start_run_dir(run: RunDir, job: TuneJob, job_id: str, **extra: object) -> None:
@@ -373,18 +373,6 @@ def _jobs_dir() -> Path:
 def _register(job_id: str, name: str, run_dir: Path, **fields: object) -> None:
     entry = {"id": job_id, "name": name, "run_dir": str(run_dir), "created": time.time(), **fields}
     (_jobs_dir() / f"{job_id}.json").write_text(json.dumps(entry), encoding="utf-8")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
 
 
 def _is_driver(pid: int, run_dir: Path) -> bool:
@@ -416,18 +404,3 @@ def _group_members(pgid: int, *, zombies: bool = True) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
     return members
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
