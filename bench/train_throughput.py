@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write_section  # noqa: E402
-from overhead import CAPITALS, TOKENS_NOTE, bench_env, builtin_model_dir, interleave, run_baseline, run_kubetune  # noqa: E402
+from overhead import CAPITALS, LOAD0, TOKENS_NOTE, bench_env, builtin_model_dir, interleave, run_baseline, run_kubetune  # noqa: E402
 
 SECTION = "## Training throughput: kubetune vs bare TRL, and packing (bench/train_throughput.py)"
 
@@ -122,8 +123,8 @@ def main() -> int:
     cmd = "python bench/train_throughput.py" + (f" --steps {steps}" if steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
     lines += [
         "",
-        f"Command: `{cmd}`. Machine: {machine()}. Ran on the shared 2-core development machine while other people's",
-        "tests ran, so single runs are noisy; read the medians of the interleaved runs.",
+        f"Command: `{cmd}`. Machine: {machine()}. 1-minute load average {LOAD0:.1f} when it started and "
+        f"{os.getloadavg()[0]:.1f} at the end (about 1: the benchmark had the machine to itself).",
     ]
     body = "\n".join(lines)
     body += "\n" + TOKENS_NOTE
