@@ -71,3 +71,23 @@ def machine() -> str:
     except ImportError:
         tv = "no torch"
     return f"{cpu}, {os.cpu_count()} cores, {gpu}, Python {sys.version.split()[0]}, {tv}"
+
+
+def training_clock():
+    """A TrainerCallback that times training the way kubetune's progress callback does: from the trainer's first
+    hook (``t0``) to its last loss log (``t1``). transformers loads only when this is called."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        t0 = t1 = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0 = time.time()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                self.t1 = time.time()
+
+    return Clock()

@@ -25,6 +25,9 @@ import time
 
 T0 = time.time()
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import training_clock  # noqa: E402  (bench/_common.py: no kubetune import)
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     if a.model.startswith("builtin:"):
@@ -121,19 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         dataloader_num_workers=0,
     )
 
-    class Clock(TrainerCallback):
-        """Times training the way kubetune's progress callback does: first hook to last loss log."""
 
-        t0 = t1 = None
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.t0 = time.time()
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.t1 = time.time()
-
-    clock = Clock()
+    clock = training_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evald, processing_class=tokenizer, peft_config=lora, callbacks=[clock])
     trainer.train()
     evals = [e for e in trainer.state.log_history if "eval_loss" in e]

@@ -43,11 +43,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, median, write_section  # noqa: E402
+from _common import REPO, machine, median, training_clock, write_section  # noqa: E402
 
 SECTION = "## GPU LoRA: Llama-3.2-1B shape, kubetune vs TRL defaults (bench/gpu_lora.py)"
 
@@ -165,18 +164,9 @@ def side_trl(a) -> dict:
     import torch
     from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    class Clock(TrainerCallback):
-        t0 = t1 = None
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.t0 = time.time()
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.t1 = time.time()
 
     tok = AutoTokenizer.from_pretrained(a.model_dir)
     args = SFTConfig(
@@ -194,7 +184,7 @@ def side_trl(a) -> dict:
         seed=42,
         use_cpu=bool(a.cpu_smoke_test),
     )
-    clock = Clock()
+    clock = training_clock()
     trainer = SFTTrainer(
         model=str(a.model_dir),
         args=args,

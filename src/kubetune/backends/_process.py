@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
 from pathlib import Path
 
-__all__ = ["alive", "kill_group", "tail", "new_job_id"]
+__all__ = ["alive", "kill_group", "tail", "new_job_id", "registry_entries"]
 
 
 def alive(pid: int) -> bool:
@@ -43,3 +44,14 @@ def tail(path: Path, n: int) -> str:
 def new_job_id(name: str) -> str:
     """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across quick resubmits."""
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def registry_entries(directory: Path) -> list[dict]:
+    """The job records (``<id>.json``) in a backend's registry folder, newest first; unreadable ones are skipped."""
+    entries = []
+    for f in sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            entries.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return entries

@@ -22,7 +22,7 @@ from ..events import JobStatus, RunDir
 from ..paths import jobs_dir
 from ..spec import TuneJob, dump_spec
 from .base import JobRef
-from ._process import alive as _alive, kill_group as _kill_group, new_job_id, tail as _tail
+from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
 
 __all__ = ["LocalBackend"]
 
@@ -134,14 +134,8 @@ class LocalBackend:
             run.set_state(C.STATE_CANCELLED, reason="cancelled by user")
 
     def list(self) -> list[JobRef]:
-        refs = []
-        for f in sorted(jobs_dir().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-            try:
-                d = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue
-            refs.append(JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra={"pid": d.get("pid")}))
-        return refs
+        return [JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra={"pid": d.get("pid")})
+                for d in registry_entries(jobs_dir())]
 
     def resolve(self, key: str) -> JobRef:
         """A job by id, by run directory, or by name (its newest submission)."""

@@ -27,7 +27,7 @@ from ...events import JobStatus, RunDir, make_event
 from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
 from ..base import JobRef
-from .._process import alive as _alive, kill_group as _kill_group, new_job_id, tail as _tail
+from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
 
 __all__ = ["KfpBackend"]
 
@@ -202,15 +202,11 @@ class KfpBackend:
             run.set_state(C.STATE_CANCELLED, reason="cancelled by user")
 
     def list(self) -> list[JobRef]:
-        refs = []
-        for f in sorted(_jobs_dir().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-            try:
-                d = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                continue
-            extra = {k: d[k] for k in ("mode", "pid", "run_id", "run_url") if d.get(k) is not None}
-            refs.append(JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra=extra))
-        return refs
+        return [
+            JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"),
+                   extra={k: d[k] for k in ("mode", "pid", "run_id", "run_url") if d.get(k) is not None})
+            for d in registry_entries(_jobs_dir())
+        ]
 
     def resolve(self, key: str) -> JobRef:
         """A job by id, by KFP run id, by run directory, or by name (its newest submission)."""

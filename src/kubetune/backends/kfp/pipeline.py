@@ -137,20 +137,16 @@ def base_image(job: TuneJob) -> str:
     Raises:
         SpecError: accelerators other than NVIDIA's and no image named (kubetune ships none for them).
     """
-    if job.kfp.base_image:
-        return job.kfp.base_image
-    if job.kubernetes.image:
-        return job.kubernetes.image
-    r = job.resources
-    if not r.accelerators:
-        return f"{C.K8S_IMAGE_REPO}:{__version__}"
-    if r.accelerator_type.startswith("nvidia.com/"):
-        return f"{C.K8S_IMAGE_REPO}:{__version__}{C.K8S_CUDA_TAG_SUFFIX}"
-    raise SpecError(
-        f"kfp.base_image: kubetune ships no image for {r.accelerator_type}",
-        hint="build one from deploy/Dockerfile with your vendor's PyTorch base image and set kfp.base_image "
-        "(or set kfp.package to install kubetune into a vendor image)",
-    )
+    from ..kubernetes.pod import shipped_image
+
+    image = job.kfp.base_image or job.kubernetes.image or shipped_image(job)
+    if image is None:
+        raise SpecError(
+            f"kfp.base_image: kubetune ships no image for {job.resources.accelerator_type}",
+            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image and set kfp.base_image "
+            "(or set kfp.package to install kubetune into a vendor image)",
+        )
+    return image
 
 
 def _packages(job: TuneJob, image: str) -> list[str]:

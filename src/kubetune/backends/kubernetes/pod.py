@@ -21,6 +21,7 @@ __all__ = [
     "worker_args",
     "worker_command",
     "default_image",
+    "shipped_image",
     "object_labels",
     "pod_labels",
     "env_vars",
@@ -168,14 +169,8 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
     return LAUNCHER, [*head, "-m", "kubetune.worker", *wargs]
 
 
-def default_image(job: TuneJob) -> str:
-    """The worker image: the spec's, else the kubetune image of this version (-cuda for nvidia.com resources).
-
-    Raises:
-        SpecError: accelerators other than NVIDIA's and no ``kubernetes.image``.
-    """
-    if job.kubernetes.image:
-        return job.kubernetes.image
+def shipped_image(job: TuneJob) -> str | None:
+    """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com), None where none ships."""
     from ... import __version__
 
     r = job.resources
@@ -183,11 +178,23 @@ def default_image(job: TuneJob) -> str:
         return f"{C.K8S_IMAGE_REPO}:{__version__}"
     if r.accelerator_type.startswith("nvidia.com/"):
         return f"{C.K8S_IMAGE_REPO}:{__version__}{C.K8S_CUDA_TAG_SUFFIX}"
-    raise SpecError(
-        f"kubernetes.image: kubetune ships no image for {r.accelerator_type}",
-        hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=...) "
-        "and set kubernetes.image; see docs/kubernetes.md",
-    )
+    return None
+
+
+def default_image(job: TuneJob) -> str:
+    """The worker image: the spec's, else the kubetune image of this version (-cuda for nvidia.com resources).
+
+    Raises:
+        SpecError: accelerators other than NVIDIA's and no ``kubernetes.image``.
+    """
+    image = job.kubernetes.image or shipped_image(job)
+    if image is None:
+        raise SpecError(
+            f"kubernetes.image: kubetune ships no image for {job.resources.accelerator_type}",
+            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=...) "
+            "and set kubernetes.image; see docs/kubernetes.md",
+        )
+    return image
 
 
 def object_labels(job: TuneJob, flavor: str, run_id: str | None, *, workload: bool = False) -> dict[str, str]:
