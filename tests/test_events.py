@@ -1,0 +1,75 @@
+"""The run directory's event log and status file: every event is logged at once; progress folds into
+status.json at most once per interval (rewriting it at every step slows training on small machines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kubetune import constants as C
+from kubetune.events import RunDir, make_event
+
+
+def _step(n: int) -> dict:
+    return make_event("metrics", f"step {n}", step=n, total_steps=100, loss=1.0 / n)
+
+
+def test_every_event_is_logged_at_once_and_progress_is_folded_in_at_the_next_write(tmp_path):
+    run = RunDir(tmp_path / "run", status_interval=3600)
+    run.set_state(C.STATE_RUNNING)
+    for n in range(1, 11):
+        run.emit(_step(n))
+    assert [e["data"]["step"] for e in run.read_events() if e["type"] == "metrics"] == list(range(1, 11))
+    assert run.read_status().step == 0  # the state was written just now: all ten are held back
+    run.emit(make_event("checkpoint", "saved checkpoint-10", step=10))  # any other event writes at once
+    st = run.read_status()
+    assert st.step == 10 and st.loss == 0.1 and st.state == C.STATE_RUNNING
+
+
+def test_progress_is_written_again_once_the_interval_has_passed(tmp_path, monkeypatch):
+    import kubetune.events as ev
+
+    now = [1000.0]
+    monkeypatch.setattr(ev.time, "monotonic", lambda: now[0])
+    run = RunDir(tmp_path / "run", status_interval=1.0)
+    run.emit(_step(1))
+    now[0] += 0.5
+    run.emit(_step(2))
+    assert run.read_status().step == 1
+    now[0] += 0.6  # 1.1 s after the last write
+    run.emit(_step(3))
+    assert run.read_status().step == 3
+
+
+def test_a_state_written_by_another_process_meanwhile_is_kept(tmp_path):
+    run = RunDir(tmp_path / "run", status_interval=3600)
+    run.set_state(C.STATE_RUNNING)
+    run.emit(_step(1))
+    run.emit(_step(2))  # held back
+    other = RunDir(tmp_path / "run")  # e.g. the launcher recording the worker's pid
+    st = other.read_status()
+    st.pid = 4242
+    other.write_status(st)
+    run.flush()
+    st = run.read_status()
+    assert st.step == 2 and st.pid == 4242
+
+
+def test_progress_held_back_reaches_status_json_when_the_process_ends(tmp_path):
+    code = (
+        "from kubetune.events import RunDir, make_event\n"
+        f"run = RunDir({str(tmp_path / 'run')!r}, status_interval=3600)\n"
+        "for n in range(1, 6):\n"
+        "    run.emit(make_event('metrics', 'step', step=n, total_steps=5, loss=0.5))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    status = json.loads((tmp_path / "run" / C.STATUS_FILE).read_text())
+    assert status["step"] == 5
+
+
+def test_interval_zero_writes_status_at_every_event(tmp_path):
+    run = RunDir(tmp_path / "run", status_interval=0)
+    for n in range(1, 4):
+        run.emit(_step(n))
+        assert run.read_status().step == n
