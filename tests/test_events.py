@@ -73,3 +73,28 @@ def test_interval_zero_writes_status_at_every_event(tmp_path):
     for n in range(1, 4):
         run.emit(_step(n))
         assert run.read_status().step == n
+
+
+def test_events_from_two_threads_all_arrive_and_the_status_ends_at_the_last_step(tmp_path):
+    import threading
+
+    run = RunDir(tmp_path / "run", status_interval=0.01)
+
+    def progress():
+        for n in range(1, 201):
+            run.emit(_step(n))
+
+    def uploads():  # the output sync's thread reports uploads while training goes on
+        for n in range(100):
+            run.emit(make_event("checkpoint", f"uploaded checkpoint-{n}", step=n, uploaded=True))
+
+    threads = [threading.Thread(target=progress), threading.Thread(target=uploads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.flush()
+    events = run.read_events()
+    assert len(events) == 300
+    assert [e["data"]["step"] for e in events if e["type"] == "metrics"] == list(range(1, 201))
+    assert run.read_status().step == 200

@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,7 @@ class RunDir:
         self._pending: list[dict] = []  # metrics events not yet folded into status.json
         self._status_written = float("-inf")  # monotonic time of this writer's last status.json write
         self._inited = False
+        self._lock = threading.RLock()  # the output sync's thread emits beside the training thread
 
     # paths ---------------------------------------------------------------------------------
     @property
@@ -220,28 +222,30 @@ class RunDir:
         """
         self.init()
         line = json.dumps(event, separators=(",", ":"), default=str)
-        with open(self.events_file, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-        if self.echo:
-            print(event_line(event), file=sys.stdout, flush=True)
-        self._pending.append(event)
-        if event.get("type") != "metrics" or time.monotonic() - self._status_written >= self.status_interval:
-            self.flush()
-        elif len(self._pending) == 1:
-            atexit.register(self.flush)  # a worker that ends between two writes still leaves its last progress
+        with self._lock:
+            with open(self.events_file, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+            if self.echo:
+                print(event_line(event), file=sys.stdout, flush=True)
+            self._pending.append(event)
+            if event.get("type") != "metrics" or time.monotonic() - self._status_written >= self.status_interval:
+                self.flush()
+            elif len(self._pending) == 1:
+                atexit.register(self.flush)  # a worker that ends between two writes still leaves its last progress
         return event
 
     def flush(self) -> None:
         """Fold the progress events held back into status.json now."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        atexit.unregister(self.flush)
-        st = self.read_status() or JobStatus()
-        for event in pending:
-            st.apply(event)
-        self.write_status(st)
-        self._status_written = time.monotonic()
+        with self._lock:
+            if not self._pending:
+                return
+            pending, self._pending = self._pending, []
+            atexit.unregister(self.flush)
+            st = self.read_status() or JobStatus()
+            for event in pending:
+                st.apply(event)
+            self.write_status(st)
+            self._status_written = time.monotonic()
 
     def write_status(self, status: JobStatus) -> None:
         self.init()
