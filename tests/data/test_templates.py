@@ -89,7 +89,8 @@ def test_named_template_needs_its_special_tokens(tokenizer, tmp_path, prepare):
 def test_tokenizers_own_chatml_template_uses_the_fast_path(tokenizer):
     lines = []
     tpl = resolve_template(tokenizer, None, log=lines.append)
-    assert tpl is CHAT_TEMPLATES["chatml"]
+    assert tpl == CHAT_TEMPLATES["chatml"]  # the registry's fast renderer
+    assert isinstance(tpl.own, JinjaTemplate) and tpl.own.tokenizer is tokenizer  # conversations with tools: the tokenizer's own
     assert "renders exactly like chatml" in lines[0]
 
 

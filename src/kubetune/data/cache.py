@@ -24,7 +24,7 @@ from ..paths import home
 __all__ = ["cache_root", "tokenizer_fingerprint", "make_key", "entry_lock", "load_entry", "commit_entry", "prune"]
 
 # Bump when prepared data changes for the same inputs (encoding, masks, packing layout).
-PIPELINE_VERSION = "1"
+PIPELINE_VERSION = "2"  # 2: tools and tool calls are rendered (rows with them were rejected before)
 _STATS = "stats.json"
 _TRAIN, _EVAL = "train", "eval"
 

@@ -111,8 +111,9 @@ class Encoder:
                     if self.template is None:
                         res.fatal = self.template_error
                         return res
-                    rendered = self.template.render(norm.messages, train_all=s.train_on_inputs)
-                    if any(m[2] and not m[1].strip() for m in norm.messages):
+                    rendered = self.template.render(norm.messages, train_all=s.train_on_inputs, tools=norm.tools, extras=norm.extras)
+                    calls = norm.extras or ()
+                    if any(m[2] and not m[1].strip() and not (calls and calls[i] and calls[i].get("tool_calls")) for i, m in enumerate(norm.messages)):
                         res.empty_answers += 1
                     res.prefix_inconsistent += rendered.prefix_inconsistent
                     res.eos_inserted += rendered.eos_inserted

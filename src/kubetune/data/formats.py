@@ -49,7 +49,7 @@ _SHAREGPT_ROLES = {
 # Names a user may map their own columns onto with ``dataset.columns`` (kubetune name -> yours).
 COLUMN_NAMES = (
     "messages", "conversations", "prompt", "completion", "instruction", "input", "output", "system", "text",
-    "role", "content", "from", "value", "weight",
+    "tools", "role", "content", "from", "value", "weight",
 )  # fmt: skip
 
 
@@ -59,9 +59,25 @@ class RowError(ValueError):
 
 @dataclass(frozen=True)
 class Chat:
-    """A conversation: messages as (role, content, trained)."""
+    """A conversation: messages as (role, content, trained), and what tool calling adds to them.
+
+    Attributes:
+        messages: (role, content, trained) per message.
+        tools: the function schemas offered to the model (the row's ``tools``), in OpenAI's
+            ``{"type": "function", "function": {...}}`` form; None when the row has none.
+        extras: per message, the keys a template renders beside role and content: ``tool_calls``
+            (assistant; OpenAI form with ``arguments`` as an object), ``name`` and ``tool_call_id`` (tool
+            results); None when no message has any.
+    """
 
     messages: list[tuple[str, str, bool]]
+    tools: list[dict] | None = None
+    extras: tuple[dict | None, ...] | None = None
+
+    @property
+    def has_tools(self) -> bool:
+        """True when rendering needs a template that knows tool calling."""
+        return bool(self.tools) or any(e and e.get("tool_calls") for e in self.extras or ())
 
 
 @dataclass(frozen=True)
@@ -136,13 +152,77 @@ def _require_answer(messages: list[tuple[str, str, bool]], train_on_inputs: bool
         raise RowError("every assistant message has weight 0, so nothing to train on")
 
 
-def _messages(items: Any, keys: _Keys, what: str, *, trained_ok: bool = True) -> list[tuple[str, str, bool]]:
+def _json_value(value: Any, what: str) -> Any:
+    """A value that datasets store either as JSON or as a JSON string (tools, tool-call arguments)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RowError(f"{what} is a string but not valid JSON: {e.msg} (column {e.colno})") from None
+    return value
+
+
+def _tool_calls(value: Any, what: str) -> list[dict]:
+    """Tool calls in OpenAI's form, ``[{"type": "function", "function": {"name", "arguments": {...}}}]``.
+
+    Accepts that form (``arguments`` as an object or a JSON string, as OpenAI's API returns it), the flat
+    ``{"name", "arguments"}`` form, one call instead of a list, and all of these as a JSON string.
+    """
+    calls = _json_value(value, what)
+    if isinstance(calls, Mapping):
+        calls = [calls]
+    if not isinstance(calls, list):
+        raise RowError(f"{what} must be a list of calls, got {type(calls).__name__}")
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{what}[{j}]"
+        if not isinstance(call, Mapping):
+            raise RowError(f"{where} must be an object with a function name and arguments, got {type(call).__name__}")
+        fn = call.get("function", call)
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RowError(f"{where} has no function name (expected {{\"function\": {{\"name\": ..., \"arguments\": {{...}}}}}})")
+        args = fn.get("arguments", fn.get("parameters"))
+        args = {} if args is None else _json_value(args, f"{where}.arguments")
+        if not isinstance(args, Mapping):
+            raise RowError(f"{where}.arguments must be a JSON object, got {type(args).__name__}")
+        norm: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
+        if isinstance(call.get("id"), str):
+            norm["id"] = call["id"]
+        out.append(norm)
+    return out
+
+
+def _tools(value: Any) -> list[dict] | None:
+    """The row's ``tools``: function schemas, each in OpenAI's ``{"type": "function", "function": {...}}`` form."""
+    tools = _json_value(value, "tools")
+    if tools is None or tools == []:
+        return None
+    if isinstance(tools, Mapping):
+        tools = [tools]
+    if not isinstance(tools, list):
+        raise RowError(f"'tools' must be a list of function schemas, got {type(tools).__name__}")
+    out = []
+    for j, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise RowError(f"tools[{j}] must be an object (a function schema), got {type(tool).__name__}")
+        if "type" not in tool and isinstance(tool.get("name"), str):  # a bare schema: {"name", "description", "parameters"}
+            tool = {"type": "function", "function": dict(tool)}
+        fn = tool.get("function")
+        if tool.get("type") == "function" and not (isinstance(fn, Mapping) and isinstance(fn.get("name"), str)):
+            raise RowError(f"tools[{j}] has no function name")
+        out.append(dict(tool))
+    return out
+
+
+def _messages(items: Any, keys: _Keys, what: str, *, trained_ok: bool = True) -> tuple[list[tuple[str, str, bool]], list[dict | None]]:
+    """The messages as (role, content, trained), and per message its tool-calling keys (or None)."""
     items = _maybe_json(items)
     if not isinstance(items, list):
         raise RowError(f"'{what}' must be a list of messages, got {type(items).__name__}")
     if not items:
         raise RowError(f"'{what}' is empty")
     out = []
+    extras: list[dict | None] = []
     for i, m in enumerate(items):
         where = f"{what}[{i}]"
         if not isinstance(m, (dict, Mapping)):  # dict first: the common case, checked without the ABC machinery
@@ -153,21 +233,35 @@ def _messages(items: Any, keys: _Keys, what: str, *, trained_ok: bool = True) ->
         role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise RowError(f"{where}: unknown role {m[keys.role]!r} (expected system, user, assistant or tool)")
+        extra = None
         if m.get("tool_calls"):
-            raise RowError(f"{where}: tool_calls are not supported yet; put the call into the content as text")
-        if keys.content not in m:
-            raise RowError(f"{where} has no '{keys.content}'")
-        content = _text(m[keys.content], f"{where}.{keys.content}")
+            if role != "assistant":
+                raise RowError(f"{where}: tool_calls belong to assistant messages (this one is '{role}')")
+            extra = {"tool_calls": _tool_calls(m["tool_calls"], f"{where}.tool_calls")}
+            content = "" if m.get(keys.content) is None else _text(m[keys.content], f"{where}.{keys.content}")
+        else:
+            if keys.content not in m:
+                raise RowError(f"{where} has no '{keys.content}'")
+            content = _text(m[keys.content], f"{where}.{keys.content}")
+        if role == "tool":
+            named = {k: m[k] for k in ("name", "tool_call_id") if isinstance(m.get(k), str)}
+            extra = named or None
         trained = _weight(m, keys, role, where) and role == "assistant" and trained_ok
         out.append((role, content, trained))
-    return out
+        extras.append(extra)
+    return out, extras
+
+
+def _chat(msgs: list[tuple[str, str, bool]], extras: list[dict | None], row: Mapping) -> Chat:
+    tools = _tools(row["tools"]) if "tools" in row else None
+    return Chat(msgs, tools, tuple(extras) if any(extras) else None)
 
 
 # --- formats ---------------------------------------------------------------------------------
 def _norm_messages(row: Mapping, keys: _Keys, train_on_inputs: bool) -> Chat:
-    msgs = _messages(row["messages"], keys, "messages")
+    msgs, extras = _messages(row["messages"], keys, "messages")
     _require_answer(msgs, train_on_inputs)
-    return Chat(msgs)
+    return _chat(msgs, extras, row)
 
 
 def _norm_sharegpt(row: Mapping, keys: _Keys, train_on_inputs: bool) -> Chat:
@@ -177,21 +271,27 @@ def _norm_sharegpt(row: Mapping, keys: _Keys, train_on_inputs: bool) -> Chat:
     if not items:
         raise RowError("'conversations' is empty")
     if all(isinstance(t, Mapping) and keys.role in t and keys.from_ not in t for t in items):  # role/content variant
-        msgs = _messages(items, keys, "conversations")
+        msgs, extras = _messages(items, keys, "conversations")
     else:
-        msgs = []
+        msgs, extras = [], []
         for i, t in enumerate(items):
             where = f"conversations[{i}]"
             if not isinstance(t, Mapping) or keys.from_ not in t or keys.value not in t:
                 raise RowError(f"{where} must be an object with '{keys.from_}' and '{keys.value}'")
             who = t[keys.from_]
-            role = _SHAREGPT_ROLES.get(who.lower() if isinstance(who, str) else who)
+            who = who.lower() if isinstance(who, str) else who
+            if who == "function_call":  # LLaMA-Factory's ShareGPT tool use: the assistant's call as JSON
+                msgs.append(("assistant", "", _weight(t, keys, "assistant", where)))
+                extras.append({"tool_calls": _tool_calls(t[keys.value], f"{where}.{keys.value}")})
+                continue
+            role = _SHAREGPT_ROLES.get(who)
             if role is None:
-                raise RowError(f"{where}: unknown speaker {who!r} (expected human, gpt or system)")
+                raise RowError(f"{where}: unknown speaker {t[keys.from_]!r} (expected human, gpt, system, function_call or observation)")
             content = _text(t[keys.value], f"{where}.{keys.value}")
             msgs.append((role, content, _weight(t, keys, role, where) and role == "assistant"))
+            extras.append(None)
     _require_answer(msgs, train_on_inputs)
-    return Chat(msgs)
+    return _chat(msgs, extras, row)
 
 
 def _norm_prompt_completion(row: Mapping, keys: _Keys, train_on_inputs: bool) -> Chat | Plain:
@@ -199,11 +299,11 @@ def _norm_prompt_completion(row: Mapping, keys: _Keys, train_on_inputs: bool) ->
     if isinstance(prompt, list) or isinstance(completion, list):  # TRL's conversational variant
         if not (isinstance(prompt, list) and isinstance(completion, list)):
             raise RowError("'prompt' and 'completion' must both be strings or both be message lists")
-        head = _messages(prompt, keys, "prompt", trained_ok=False)
-        tail = _messages(completion, keys, "completion")
+        head, head_extras = _messages(prompt, keys, "prompt", trained_ok=False)
+        tail, tail_extras = _messages(completion, keys, "completion")
         msgs = head + tail
         _require_answer(msgs, train_on_inputs)
-        return Chat(msgs)
+        return _chat(msgs, head_extras + tail_extras, row)
     if not isinstance(prompt, str):
         raise RowError(f"'prompt' must be a string, got {type(prompt).__name__}")
     if not isinstance(completion, str):

@@ -18,8 +18,9 @@ them), counting conversations whose prefix does not render consistently with the
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..errors import DataError
@@ -73,22 +74,48 @@ class ChatTemplate:
     special_tokens: tuple[str, ...]
     roles: frozenset[str]
     description: str
-    _pieces: Callable[[Sequence[Message]], list[tuple[str, bool]]] = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    _pieces: Callable[..., list[tuple[str, bool]]] = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
     _generation_prompt: str = ""
+    tool_calling: bool = False  # renders ``tools`` and assistant ``tool_calls`` (chatml, in the Hermes/Qwen form)
+    # The tokenizer's own template when it rendered like this one on plain conversations (resolve_template):
+    # conversations with tools go to it, since tool formats differ between templates that agree otherwise.
+    own: Any = field(repr=False, compare=False, default=None)
 
-    def render(self, messages: Sequence[Message], *, train_all: bool = False, add_generation_prompt: bool = False) -> Rendered:
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        train_all: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+        extras: Sequence[dict | None] | None = None,
+    ) -> Rendered:
         """Render ``messages`` and return the text with the trained spans.
 
+        Args:
+            tools: function schemas offered to the model (rendered into the system turn).
+            extras: per message, ``tool_calls`` (assistant) or ``name``/``tool_call_id`` (tool results).
+
         Raises:
-            TemplateRowError: a role the template does not know, or an order it does not allow.
+            TemplateRowError: a role the template does not know, an order it does not allow, or tool calls
+                it has no format for.
         """
+        has_tools = bool(tools) or any(e and e.get("tool_calls") for e in extras or ())
+        if has_tools and self.own is not None:
+            return self.own.render(messages, train_all=train_all, add_generation_prompt=add_generation_prompt, tools=tools, extras=extras)
+        if has_tools and not self.tool_calling:
+            raise TemplateRowError(
+                f"the {self.name} chat template has no format for tools and tool calls; use the model's own chat "
+                "template (leave dataset.chat_template unset) if it has one, or dataset.chat_template: chatml"
+            )
         for role, _, _ in messages:
             if role not in self.roles:
                 raise TemplateRowError(f"the {self.name} chat template has no '{role}' role (it knows {', '.join(sorted(self.roles))})")
         parts: list[str] = []
         spans: list[tuple[int, int]] = []
         pos = 0
-        for text, trained in self._pieces(messages):
+        pieces = self._pieces(messages, tools, extras) if self.tool_calling else self._pieces(messages)
+        for text, trained in pieces:
             if trained and text:
                 if spans and spans[-1][1] == pos:
                     spans[-1] = (spans[-1][0], pos + len(text))
@@ -104,11 +131,41 @@ class ChatTemplate:
         return Rendered(text, spans)
 
 
-def _chatml(messages: Sequence[Message]) -> list[tuple[str, bool]]:
+# chatml's tool-calling form, as Hermes 2 Pro and Qwen2.5 write it: the function schemas in <tools> inside the
+# system turn, each call as {"name", "arguments"} JSON in <tool_call> tags after the answer's text.
+_TOOLS_INTRO = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_OUTRO = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+)
+
+
+def _tools_block(tools: Sequence[dict]) -> str:
+    return _TOOLS_INTRO + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_OUTRO
+
+
+def _tool_call_text(content: str, calls: Sequence[dict]) -> str:
+    text = content
+    for call in calls:
+        fn = call["function"]
+        text += ("\n" if text else "") + "<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": fn["arguments"]}, ensure_ascii=False) + "\n</tool_call>"
+    return text
+
+
+def _chatml(messages: Sequence[Message], tools: Sequence[dict] | None = None, extras: Sequence[dict | None] | None = None) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
-    for role, content, trained in messages:
+    if tools and not (messages and messages[0][0] == "system"):
+        out.append(("<|im_start|>system\n" + _tools_block(tools) + "<|im_end|>\n", False))
+    for i, (role, content, trained) in enumerate(messages):
+        extra = extras[i] if extras else None
         if role == "assistant":
-            out += [("<|im_start|>assistant\n", False), (content + "<|im_end|>", trained), ("\n", False)]
+            body = _tool_call_text(content, extra["tool_calls"]) if extra and extra.get("tool_calls") else content
+            out += [("<|im_start|>assistant\n", False), (body + "<|im_end|>", trained), ("\n", False)]
+        elif i == 0 and role == "system" and tools:
+            out.append((f"<|im_start|>system\n{content}\n\n{_tools_block(tools)}<|im_end|>\n", False))
         else:
             out.append((f"<|im_start|>{role}\n{content}<|im_end|>\n", False))
     return out
@@ -168,9 +225,20 @@ _ALL_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 # The Jinja twins of the renderers above. Written on one line each so that no template whitespace leaks.
 _CHATML_JINJA = (
+    "{% macro tools_block() %}"
+    "{{ " + json.dumps(_TOOLS_INTRO) + " }}{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}{{ " + json.dumps(_TOOLS_OUTRO) + " }}"
+    "{% endmacro %}"
+    "{% if tools and not (messages and messages[0]['role'] == 'system') %}"
+    "{{ '<|im_start|>system\\n' + tools_block() + '<|im_end|>\\n' }}{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
-    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] or '' }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if not loop.first or message['content'] %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n' + ({'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson) + '\\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% elif loop.first and message['role'] == 'system' and tools %}"
+    "{{ '<|im_start|>system\\n' + message['content'] + '\\n\\n' + tools_block() + '<|im_end|>\\n' }}"
     "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endif %}"
@@ -228,8 +296,9 @@ CHAT_TEMPLATES: dict[str, ChatTemplate] = {
     for t in (
         ChatTemplate(
             "chatml", _CHATML_JINJA, "<|im_end|>", ("<|im_start|>", "<|im_end|>"), _ALL_ROLES,
-            "ChatML (Qwen, SmolLM, Hermes, the builtin tiny-chat): <|im_start|>role ... <|im_end|>",
-            _chatml, "<|im_start|>assistant\n",
+            "ChatML (Qwen, SmolLM, Hermes, the builtin tiny-chat): <|im_start|>role ... <|im_end|>; tools and "
+            "tool calls in the Hermes/Qwen2.5 form (<tools> in the system turn, <tool_call> JSON in answers)",
+            _chatml, "<|im_start|>assistant\n", True,
         ),
         ChatTemplate(
             "llama3", _LLAMA3_JINJA, "<|eot_id|>", ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
@@ -277,27 +346,39 @@ class JinjaTemplate:
         self._source = _template_source(tokenizer)
         self._markers = bool(re.search(r"\{%-?\s*generation\s*-?%\}", self._source or ""))
 
-    def _apply(self, msgs: list[dict], add_generation_prompt: bool) -> str:
+    def _apply(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {})
+            )
         except Exception as e:  # jinja raise_exception, missing keys: the row cannot be rendered
             raise TemplateRowError(f"the tokenizer's chat template cannot render this conversation: {e}") from None
 
-    def render(self, messages: Sequence[Message], *, train_all: bool = False, add_generation_prompt: bool = False) -> Rendered:
-        msgs = [{"role": r, "content": c} for r, c, _ in messages]
-        text = self._apply(msgs, add_generation_prompt)
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        train_all: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+        extras: Sequence[dict | None] | None = None,
+    ) -> Rendered:
+        msgs = [{"role": r, "content": c, **((extras[i] or {}) if extras else {})} for i, (r, c, _) in enumerate(messages)]
+        text = self._apply(msgs, add_generation_prompt, tools)
+        if tools or extras:
+            _check_tools_rendered(text, tools, extras)
         if train_all:
             return Rendered(text, [(0, len(text))] if text else [])
         inconsistent = False
         spans: list[tuple[int, int]] = []
-        marked = self._marked_spans(msgs) if self._markers else None
+        marked = self._marked_spans(msgs, tools) if self._markers else None
         for i, (role, content, trained) in enumerate(messages):
             if role != "assistant":
                 continue
             if marked is not None:
                 start = marked.pop(0)[0] if marked else len(text)
             else:
-                prefix = self._apply(msgs[:i], True) if i else ""
+                prefix = self._apply(msgs[:i], True, tools) if i else ""
                 if text.startswith(prefix):
                     start = len(prefix)
                 else:  # e.g. templates that drop earlier reasoning: locate the answer by its content
@@ -305,19 +386,37 @@ class JinjaTemplate:
                     common = _common_prefix(prefix, text)
                     found = text.find(content.strip(), common) if content.strip() else -1
                     start = found if found >= 0 else common
-            body = content.strip()
-            cend = text.find(body, start) if body else start
-            cend = cend + len(body) if cend >= 0 else start
+            if msgs[i].get("tool_calls"):
+                cend = self._turn_end(text, msgs, i, start, tools)
+            else:
+                body = content.strip()
+                cend = text.find(body, start) if body else start
+                cend = cend + len(body) if cend >= 0 else start
             if trained:
                 spans.append((start, cend))
         return self._close_answers(text, spans, inconsistent)
 
-    def _marked_spans(self, msgs: list[dict]) -> list[tuple[int, int]]:
+    def _turn_end(self, text: str, msgs: list[dict], i: int, start: int, tools: list[dict] | None) -> int:
+        """Where an assistant turn with tool calls ends (before its end-of-turn token): the calls follow or
+        replace the text in a form only the template knows, so the turn is rendered on its own."""
+        through = self._apply(msgs[: i + 1], False, tools)
+        if text.startswith(through) and len(through) > start:
+            end = len(through.rstrip())
+            if self.eot is not None and through[:end].endswith(self.eot):
+                end -= len(self.eot)
+            return max(start, end)
+        if self.eot is not None:  # rendered differently as the last message: up to the turn's end-of-turn token
+            j = text.find(self.eot, start)
+            if j >= 0:
+                return j
+        return len(text.rstrip())
+
+    def _marked_spans(self, msgs: list[dict], tools: list[dict] | None = None) -> list[tuple[int, int]]:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
             _, indices = render_jinja_template(
-                [msgs], chat_template=self._source, return_assistant_tokens_mask=True, **_special_kwargs(self.tokenizer)
+                [msgs], tools=tools, chat_template=self._source, return_assistant_tokens_mask=True, **_special_kwargs(self.tokenizer)
             )
         except Exception as e:
             raise TemplateRowError(f"the tokenizer's chat template cannot render this conversation: {e}") from None
@@ -343,6 +442,26 @@ class JinjaTemplate:
             last = e
         out.append(text[last:])
         return Rendered("".join(out), shifted, prefix_inconsistent=inconsistent, eos_inserted=bool(spans))
+
+
+def _check_tools_rendered(text: str, tools: list[dict] | None, extras: Sequence[dict | None] | None) -> None:
+    """A template without tool support drops ``tools`` and ``tool_calls`` silently: training would then teach
+    answers without their calls. Every function name must appear in the rendered text."""
+    for tool in tools or ():
+        name = (tool.get("function") or {}).get("name") if isinstance(tool.get("function"), dict) else tool.get("name")
+        if name and name not in text:
+            raise TemplateRowError(
+                f"the tokenizer's chat template does not render 'tools' (the function '{name}' is missing from the "
+                "text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
+            )
+    for extra in extras or ():
+        for call in (extra or {}).get("tool_calls") or ():
+            name = call["function"]["name"]
+            if name not in text:
+                raise TemplateRowError(
+                    f"the tokenizer's chat template does not render tool_calls (the call to '{name}' is missing from "
+                    "the text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
+                )
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -467,7 +586,9 @@ def resolve_template(tokenizer: Any, name: str | None, *, log: Callable[[str], N
     for template in CHAT_TEMPLATES.values():
         if _renders_like(tokenizer, template):
             log(f"chat template: the tokenizer's own (renders exactly like {template.name})")
-            return template
+            # Conversations with tools are rendered by the tokenizer itself: tool formats differ between
+            # templates that agree on plain conversations.
+            return replace(template, own=JinjaTemplate(tokenizer, _find_eot(tokenizer) or template.eot))
     eot = _find_eot(tokenizer)
     jt = JinjaTemplate(tokenizer, eot)
     if eot is None:
