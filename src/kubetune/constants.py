@@ -32,6 +32,10 @@ STATE_RUNNING = "running"
 STATE_SUCCEEDED = "succeeded"
 STATE_FAILED = "failed"
 STATE_CANCELLED = "cancelled"
+# A local job still pending without a worker pid this long after its last update was never started: the
+# process that submitted it ended between recording the job and starting its worker.
+LOCAL_START_GRACE_S = 30.0
+REASON_NEVER_STARTED = "the job was never started: the process that submitted it ended before starting its worker"
 TERMINAL_STATES = frozenset({STATE_SUCCEEDED, STATE_FAILED, STATE_CANCELLED})
 
 # --- stages of the worker --------------------------------------------------------------------

@@ -130,7 +130,10 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
     for values, tj in plan:
         trial = sweep.trial(tj.name)
         _refresh(trial, client, sweep.objective)
-        if trial.state in SWEEP_DONE and _still_there(trial):
+        if _never_started(trial):  # an earlier sweep process died while submitting it: submit it now
+            trial.state, trial.reason = C.STATE_PENDING, None
+            queue.append(trial)
+        elif trial.state in SWEEP_DONE and _still_there(trial):
             log(f"{trial.name}: skipped ({trial.state} earlier" + (f", {sweep.objective}={trial.objective:.4g})" if trial.objective is not None else ")"))
         elif trial.state == C.STATE_RUNNING:
             active[trial.name] = trial  # still running from an earlier sweep process: follow it
@@ -172,6 +175,11 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
                 slot = held.pop(name)
                 if slot is not None:
                     free.append(slot)
+                if _never_started(trial):
+                    log(f"{name}: {trial.reason}; submitting it again")
+                    trial.state, trial.reason = C.STATE_PENDING, None
+                    queue.append(trial)
+                    continue
                 log(f"{name}: {trial.state}" + (f", {sweep.objective}={trial.objective:.4g}" if trial.objective is not None else "")
                     + (f" ({_short(trial.reason)})" if trial.reason and trial.state != C.STATE_SUCCEEDED else ""))
         sweep.save()
@@ -500,6 +508,10 @@ def _still_there(trial: Trial) -> bool:
     if trial.state != C.STATE_SUCCEEDED or (trial.job or {}).get("backend", "local") != "local":
         return True
     return bool(trial.run_dir) and RunDir(trial.run_dir or "").is_done()
+
+
+def _never_started(trial: Trial) -> bool:
+    return trial.state == C.STATE_FAILED and trial.reason == C.REASON_NEVER_STARTED
 
 
 def _has_checkpoint(trial: Trial) -> bool:

@@ -144,3 +144,29 @@ def test_cli_run_exit_codes(tiny_job, tmp_path, kubetune_cli):
     assert missing.returncode == 2
     assert "nope.jsonl" in missing.stdout + missing.stderr
     assert "Traceback" not in missing.stdout + missing.stderr
+
+
+def test_a_job_whose_submitter_died_before_starting_it_is_reported_never_started(tmp_path, monkeypatch):
+    """A submitter killed between recording a job (pending) and starting its worker leaves no process behind:
+    the job must end as failed, with that reason, instead of staying pending forever."""
+    from kubetune.backends.base import JobRef
+    from kubetune.backends.local import LocalBackend
+    from kubetune.events import JobStatus, RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.write_status(JobStatus(state=C.STATE_PENDING, job_id="j1", name="j", backend="local", run_dir=str(run.path), created_at=time.time()))
+    ref = JobRef(id="j1", backend="local", name="j", run_dir=str(run.path))
+    backend = LocalBackend()
+    assert backend.status(ref).state == C.STATE_PENDING  # just submitted: its worker may be starting
+    monkeypatch.setattr(C, "LOCAL_START_GRACE_S", 0.0)
+    time.sleep(0.01)
+    st = backend.status(ref)
+    assert st.state == C.STATE_FAILED and st.reason == C.REASON_NEVER_STARTED
+    # a worker that did start records its own pid: its death is noticed even without the submitter's pid
+    run2 = RunDir(tmp_path / "run2")
+    run2.write_status(JobStatus(state=C.STATE_PENDING, job_id="j2", name="j", backend="local", run_dir=str(run2.path)))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run2.set_state(C.STATE_RUNNING, job_id="j2", worker_pid=dead.pid)
+    st = backend.status(JobRef(id="j2", backend="local", name="j", run_dir=str(run2.path)))
+    assert st.state == C.STATE_FAILED and "ended without recording a result" in st.reason

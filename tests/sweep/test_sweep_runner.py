@@ -170,3 +170,43 @@ def test_a_trial_that_cannot_be_submitted_fails_alone(double, job, monkeypatch):
     again = double()
     run_sweep(job(parallel=1), backend="double", run_id="quota")
     assert again.submitted == [by_lr[BAD].name]  # a rerun tries the failed trial again, and only it
+
+
+@pytest.mark.parametrize("pending_polls", [0, 3], ids=["known-at-start", "found-while-following"])
+def test_a_trial_an_earlier_sweep_never_started_is_submitted_again(double, job, monkeypatch, pending_polls):
+    """The earlier sweep process died between recording a trial's job and starting it: the backend reports
+    the job never started (at once, or after its start grace while the rerun follows it), and the rerun
+    submits the trial instead of following it forever."""
+    backend = double()
+    monkeypatch.setattr(backend, "cancel", lambda ref: None)
+
+    def stop_at_first_submission(line: str) -> None:
+        if ": submitted" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(job(parallel=1), backend="double", run_id="orphan", log=stop_at_first_submission)
+    first = load_sweep("tiny-orphan").trials[0].name
+    status = backend.status
+    polls = {first: pending_polls}
+
+    def status_never_started(ref):
+        from kubetune.events import JobStatus
+
+        if ref.name in polls:  # what the local backend reports: pending, then never started once its grace has passed
+            if polls[ref.name]:
+                polls[ref.name] -= 1
+                return JobStatus(state=C.STATE_PENDING, job_id=ref.id, name=ref.name)
+            del polls[ref.name]
+            return JobStatus(state=C.STATE_FAILED, reason=C.REASON_NEVER_STARTED, job_id=ref.id, name=ref.name)
+        return status(ref)
+
+    monkeypatch.setattr(backend, "status", status_never_started)
+    lines: list[str] = []
+    sweep = run_sweep(job(parallel=1), backend="double", run_id="orphan", log=lines.append)
+    assert backend.submitted.count(first) == 2
+    assert any(line.startswith(f"{first}: submitted") for line in lines)
+    if pending_polls:
+        assert f"{first}: still running from an earlier run, following it" in lines
+        assert f"{first}: {C.REASON_NEVER_STARTED}; submitting it again" in lines
+    assert all(t.state == C.STATE_SUCCEEDED for t in sweep.trials)

@@ -76,11 +76,15 @@ class LocalBackend:
         st = run.read_status()
         if st is None:
             raise JobNotFound(f"job {ref.id}: no status in {run.path}")
-        if not st.terminal and st.pid and not self._is_running(st.pid):
+        pid = st.pid or (st.extra or {}).get("worker_pid")
+        if st.state == C.STATE_PENDING and not pid and time.time() - (st.updated_at or st.created_at or time.time()) > C.LOCAL_START_GRACE_S:
+            run.set_state(C.STATE_FAILED, reason=C.REASON_NEVER_STARTED)
+            return run.read_status() or st
+        if not st.terminal and pid and not self._is_running(pid):
             time.sleep(0.2)  # the worker may be writing its final state right now
             st = run.read_status() or st
             if not st.terminal:
-                code = self._exit_code(st.pid)
+                code = self._exit_code(pid)
                 reason = "the worker process ended without recording a result"
                 reason += f" (exit code {code})" if code is not None else " (killed?)"
                 tail = _tail(run.worker_log, 5)
