@@ -145,9 +145,9 @@ def _atomic_write(path: Path, text: str) -> None:
 # Progress (``metrics``) events fold into status.json at most this often; every event is appended to
 # events.jsonl at once, and any other event (state, stage, checkpoint, warning, ...) writes status.json at
 # once together with the metrics held back. Rewriting status.json (write + rename) at every training step
-# wakes the filesystem's writeback on the training thread's core: on small machines the scheduler then
-# moves the training thread between cores several times a second and its caches go cold (measured: 7
-# migrations/s and ~10% fewer tokens/s on 2 CPU cores; bench/train_throughput.py).
+# frees the old file's blocks each time; on ext4 mounted with `discard` that is a synchronous discard in the
+# training thread, which sleeps and wakes on another core with cold caches (measured: 7 migrations/s and
+# ~10% fewer tokens/s on 2 CPU cores; bench/train_throughput.py).
 STATUS_INTERVAL_S = 1.0
 
 
