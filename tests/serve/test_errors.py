@@ -48,6 +48,8 @@ def test_unknown_model_is_404_naming_the_models(server):
         ({"model": "beta", "messages": CHAT, "seed": "x"}, "seed"),
         ({"model": "beta", "messages": CHAT, "logprobs": True}, "logprobs"),
         ({"model": "beta", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"model": "beta", "messages": [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                                         {"role": "tool", "tool_call_id": "c", "content": "1"}]}, "messages[1].tool_calls"),
     ],
 )
 def test_invalid_chat_body_is_400_naming_the_field(server, body, param):

@@ -1,7 +1,7 @@
 """The OpenAI API shapes the server speaks: request bodies (validated), error bodies, response objects.
 
 Unknown request fields are ignored (clients send many optional ones); fields the server cannot honour
-(``n`` above the limit, ``logprobs``, ``tools``, non-text ``response_format``) are refused with a 400 that
+(``n`` above the limit, ``logprobs``, ``tools`` and messages with ``tool_calls``, non-text ``response_format``) are refused with a 400 that
 names them, never silently dropped.
 """
 
@@ -83,6 +83,7 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # refused (ChatCompletionRequest.unsupported), never silently dropped
 
     @field_validator("content", mode="before")
     @classmethod
@@ -150,6 +151,9 @@ class ChatCompletionRequest(_Sampling):
             return "logprobs", "logprobs are not supported by this server"
         if self.tools:
             return "tools", "tool calling is not supported by this server"
+        for i, m in enumerate(self.messages):
+            if m.tool_calls:
+                return f"messages[{i}].tool_calls", "tool calling is not supported by this server (a message carries tool_calls)"
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             return "response_format", "only response_format {'type': 'text'} is supported by this server"
         return None
