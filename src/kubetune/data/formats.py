@@ -27,6 +27,8 @@ __all__ = [
     "normalize",
     "rename_columns",
     "describe_keys",
+    "normalize_tool_calls",
+    "normalize_tools",
 ]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -162,7 +164,7 @@ def _json_value(value: Any, what: str) -> Any:
     return value
 
 
-def _tool_calls(value: Any, what: str) -> list[dict]:
+def normalize_tool_calls(value: Any, what: str = "tool_calls") -> list[dict]:
     """Tool calls in OpenAI's form, ``[{"type": "function", "function": {"name", "arguments": {...}}}]``.
 
     Accepts that form (``arguments`` as an object or a JSON string, as OpenAI's API returns it), the flat
@@ -192,7 +194,7 @@ def _tool_calls(value: Any, what: str) -> list[dict]:
     return out
 
 
-def _tools(value: Any) -> list[dict] | None:
+def normalize_tools(value: Any) -> list[dict] | None:
     """The row's ``tools``: function schemas, each in OpenAI's ``{"type": "function", "function": {...}}`` form."""
     tools = _json_value(value, "tools")
     if tools is None or tools == []:
@@ -237,7 +239,7 @@ def _messages(items: Any, keys: _Keys, what: str, *, trained_ok: bool = True) ->
         if m.get("tool_calls"):
             if role != "assistant":
                 raise RowError(f"{where}: tool_calls belong to assistant messages (this one is '{role}')")
-            extra = {"tool_calls": _tool_calls(m["tool_calls"], f"{where}.tool_calls")}
+            extra = {"tool_calls": normalize_tool_calls(m["tool_calls"], f"{where}.tool_calls")}
             content = "" if m.get(keys.content) is None else _text(m[keys.content], f"{where}.{keys.content}")
         else:
             if keys.content not in m:
@@ -253,7 +255,7 @@ def _messages(items: Any, keys: _Keys, what: str, *, trained_ok: bool = True) ->
 
 
 def _chat(msgs: list[tuple[str, str, bool]], extras: list[dict | None], row: Mapping) -> Chat:
-    tools = _tools(row["tools"]) if "tools" in row else None
+    tools = normalize_tools(row["tools"]) if "tools" in row else None
     return Chat(msgs, tools, tuple(extras) if any(extras) else None)
 
 
@@ -282,7 +284,7 @@ def _norm_sharegpt(row: Mapping, keys: _Keys, train_on_inputs: bool) -> Chat:
             who = who.lower() if isinstance(who, str) else who
             if who == "function_call":  # LLaMA-Factory's ShareGPT tool use: the assistant's call as JSON
                 msgs.append(("assistant", "", _weight(t, keys, "assistant", where)))
-                extras.append({"tool_calls": _tool_calls(t[keys.value], f"{where}.{keys.value}")})
+                extras.append({"tool_calls": normalize_tool_calls(t[keys.value], f"{where}.{keys.value}")})
                 continue
             role = _SHAREGPT_ROLES.get(who)
             if role is None:

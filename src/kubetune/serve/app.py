@@ -41,6 +41,7 @@ from .protocol import (
     param_path,
 )
 from .sources import ServePlan
+from .tools import ToolRequestError, ToolStream, parse_tool_calls, request_messages, request_tools
 
 __all__ = ["create_app", "run_server"]
 
@@ -226,6 +227,7 @@ class _Job:
         self.n = n
         self.include_usage = include_usage
         self.echo = echo  # completions with echo: the prompt text of each choice
+        self.tool_calls = False  # chat with tools offered: replies are read for <tool_call> blocks (serve/tools.py)
         self.started = time.monotonic()
         self.id = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
         self.created = now()
@@ -273,16 +275,27 @@ class _Server:
     def chat_job(self, body: ChatCompletionRequest) -> _Job:
         model = self.check_model(body.model)
         _refuse_unsupported(body.unsupported())
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            messages = request_messages(body.messages)
+            tools = request_tools(body.tools)
+        except ToolRequestError as e:
+            raise APIError(400, str(e), param=e.param) from None
         tok = self.loaded.chat_tokenizers.get(model, self.loaded.tokenizer)
         if not getattr(tok, "chat_template", None):
             raise APIError(400, f"the model `{model}` has no chat template; use /v1/completions with a plain prompt", param="messages")
+        extra = {"tools": tools} if tools else {}
         try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **extra)["input_ids"]
+            if tools or any(m.get("tool_calls") for m in messages):
+                _check_tools_rendered(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra), tools, messages, model)
+        except APIError:
+            raise
         except Exception as e:  # the template itself refuses (e.g. roles must alternate)
             raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
         params = self._params(body, len(ids), prompt_field="messages")
-        return _Job(model, "chat", [list(ids)] * body.n, params, self._adapter(model), n=body.n, include_usage=body.include_usage())
+        job = _Job(model, "chat", [list(ids)] * body.n, params, self._adapter(model), n=body.n, include_usage=body.include_usage())
+        job.tool_calls = body.parses_tool_calls()
+        return job
 
     def completion_job(self, body: CompletionRequest) -> _Job:
         model = self.check_model(body.model)
@@ -391,7 +404,9 @@ class _Server:
         self._observe(job, None, sum(tokens))  # time to first token: streams only
         if job.echo:
             texts = [e + t for e, t in zip(job.echo, texts)]
-        choices = list(zip(texts, reasons))
+        choices: list[tuple[Any, Any]] = list(zip(texts, reasons))
+        if job.tool_calls:
+            choices = [_tool_message(text, reason) for text, reason in choices]
         build = chat_response if chat else completion_response
         return build(job.id, job.model, job.created, choices, job.prompt_tokens, sum(tokens))  # type: ignore[arg-type]
 
@@ -399,6 +414,7 @@ class _Server:
         outputs, requests = self._submit(job, stream=True)
         tokens = [0] * len(requests)
         done = [False] * len(requests)
+        calls = [ToolStream() for _ in requests] if job.tool_calls else None
         first = None
         try:
             for i in range(len(requests)):
@@ -413,15 +429,25 @@ class _Server:
                 if out.finish_reason == "error":
                     yield _sse(error_body(f"generation failed: {out.error}", type="server_error"))
                     return
-                if out.text:
+                text = calls[i].feed(out.text) if calls else out.text
+                if text:
                     if chat:
-                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta={"content": out.text}))
+                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta={"content": text}))
                     else:
-                        yield _sse(completion_chunk(job.id, job.model, job.created, index=i, text=out.text))
+                        yield _sse(completion_chunk(job.id, job.model, job.created, index=i, text=text))
                 if out.finish_reason:
                     done[i] = True
+                    reason = out.finish_reason
+                    if calls:
+                        rest, found = calls[i].finish()
+                        if rest:
+                            yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta={"content": rest}))
+                        if found:
+                            delta = {"tool_calls": [{"index": k, **call} for k, call in enumerate(found)]}
+                            yield _sse(chat_chunk(job.id, job.model, job.created, index=i, delta=delta))
+                            reason = "tool_calls" if reason == "stop" else reason
                     if chat:
-                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, finish_reason=out.finish_reason))
+                        yield _sse(chat_chunk(job.id, job.model, job.created, index=i, finish_reason=reason))
                     else:
                         yield _sse(completion_chunk(job.id, job.model, job.created, index=i, finish_reason=out.finish_reason))
             self._observe(job, first, sum(tokens))
@@ -444,6 +470,33 @@ class _Server:
 # --- helpers ---------------------------------------------------------------------------------------
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _tool_message(text: str, reason: str | None) -> tuple[dict, str | None]:
+    """A reply as a chat message, its tool calls split out (finish reason ``tool_calls`` when it made any)."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, ("tool_calls" if reason == "stop" else reason)
+
+
+def _check_tools_rendered(prompt: str, tools: list[dict] | None, messages: list[dict], model: str) -> None:
+    """A chat template without tool support drops ``tools`` and earlier ``tool_calls`` silently: the model would
+    never see them. Every function name must be in the prompt."""
+    fix = "serve a model whose template has a tool format, e.g. one trained with dataset.chat_template: chatml"
+    for t in tools or ():
+        name = t["function"].get("name") if isinstance(t.get("function"), dict) else None
+        if name and name not in prompt:
+            raise APIError(400, f"tools: the chat template of `{model}` does not render tools (the function '{name}' is missing from the prompt); {fix}", param="tools")
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or ():
+            if call["function"]["name"] not in prompt:
+                raise APIError(
+                    400,
+                    f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to "
+                    f"'{call['function']['name']}' is missing from the prompt); {fix}",
+                    param=f"messages[{i}].tool_calls",
+                )
 
 
 def _refuse_unsupported(found: tuple[str, str] | None) -> None:

@@ -1,7 +1,7 @@
 """The OpenAI API shapes the server speaks: request bodies (validated), error bodies, response objects.
 
 Unknown request fields are ignored (clients send many optional ones); fields the server cannot honour
-(``n`` above the limit, ``logprobs``, ``tools`` and messages with ``tool_calls``, non-text ``response_format``) are refused with a 400 that
+(``n`` above the limit, ``logprobs``, a forced ``tool_choice``, non-text ``response_format``) are refused with a 400 that
 names them, never silently dropped.
 """
 
@@ -83,7 +83,8 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None  # refused (ChatCompletionRequest.unsupported), never silently dropped
+    tool_calls: list[Any] | None = None  # an assistant's earlier calls (serve/tools.py)
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -143,23 +144,26 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) of the first requested feature the server cannot honour."""
         if self.logprobs:
             return "logprobs", "logprobs are not supported by this server"
-        if self.tools:
-            return "tools", "tool calling is not supported by this server"
-        for i, m in enumerate(self.messages):
-            if m.tool_calls:
-                return f"messages[{i}].tool_calls", "tool calling is not supported by this server (a message carries tool_calls)"
+        if self.tool_choice not in (None, "auto", "none"):
+            return "tool_choice", "only tool_choice 'auto' and 'none' are supported by this server (it cannot force a call)"
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             return "response_format", "only response_format {'type': 'text'} is supported by this server"
         return None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def parses_tool_calls(self) -> bool:
+        """Replies are read for tool calls: tools are offered and tool_choice is not 'none'."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(_Sampling):
@@ -210,15 +214,15 @@ def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def chat_response(rid: str, model: str, created: int, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int) -> dict:
-    """A ``chat.completion`` object; ``choices`` are (text, finish_reason)."""
+def chat_response(rid: str, model: str, created: int, choices: list[tuple[str | dict, str]], prompt_tokens: int, completion_tokens: int) -> dict:
+    """A ``chat.completion`` object; ``choices`` are (text or whole message, finish_reason)."""
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            {"index": i, "message": text if isinstance(text, dict) else {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
             for i, (text, reason) in enumerate(choices)
         ],
         "usage": _usage(prompt_tokens, completion_tokens),
