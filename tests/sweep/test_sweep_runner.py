@@ -99,17 +99,23 @@ def test_interrupt_cancels_running_trials_and_a_rerun_resumes_only_those(double,
     assert rerun.trials[2].attempts == 2
 
 
-def test_a_rerun_follows_a_trial_still_running_instead_of_starting_it_again(double, job, monkeypatch):
-    backend = double()
-    monkeypatch.setattr(backend, "cancel", lambda ref: None)  # the job outlives the sweep process, as after kill -9
+def _stopped_after_first_submission(backend, job, run_id: str, monkeypatch) -> str:
+    """A sweep process that dies right after submitting its first trial, whose job outlives it (as after
+    kill -9); returns that trial's name."""
+    monkeypatch.setattr(backend, "cancel", lambda ref: None)
 
     def stop_at_first_submission(line: str) -> None:
         if ": submitted" in line:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(job(parallel=1), backend="double", run_id="adopt", log=stop_at_first_submission)
-    first = load_sweep("tiny-adopt").trials[0].name
+        run_sweep(job(parallel=1), backend="double", run_id=run_id, log=stop_at_first_submission)
+    return load_sweep(f"tiny-{run_id}").trials[0].name
+
+
+def test_a_rerun_follows_a_trial_still_running_instead_of_starting_it_again(double, job, monkeypatch):
+    backend = double()
+    first = _stopped_after_first_submission(backend, job, "adopt", monkeypatch)
     lines: list[str] = []
     sweep = run_sweep(job(parallel=1), backend="double", run_id="adopt", log=lines.append)
     assert f"{first}: still running from an earlier run, following it" in lines
@@ -178,15 +184,7 @@ def test_a_trial_an_earlier_sweep_never_started_is_submitted_again(double, job, 
     the job never started (at once, or after its start grace while the rerun follows it), and the rerun
     submits the trial instead of following it forever."""
     backend = double()
-    monkeypatch.setattr(backend, "cancel", lambda ref: None)
-
-    def stop_at_first_submission(line: str) -> None:
-        if ": submitted" in line:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_sweep(job(parallel=1), backend="double", run_id="orphan", log=stop_at_first_submission)
-    first = load_sweep("tiny-orphan").trials[0].name
+    first = _stopped_after_first_submission(backend, job, "orphan", monkeypatch)
     status = backend.status
     polls = {first: pending_polls}
 

@@ -128,7 +128,7 @@ class ToolStream:
         held, self._held = self._held, ""
         if not self._in_call:
             return held, []
-        content, calls = parse_tool_calls(self._sent + held)
+        _, calls = parse_tool_calls(self._sent + held)
         if not calls:
             return held, []
         return "", calls
