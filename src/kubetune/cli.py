@@ -86,8 +86,12 @@ def run(
     backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once."),
     mode: Optional[str] = typer.Option(None, "--mode", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
+    restart: bool = typer.Option(False, "--restart", help="Start over in output.dir: ignore its checkpoints and replace a finished run there (sets training.resume=never)."),
 ) -> None:
-    """Run a job and follow it until it ends (exit code 0 on success)."""
+    """Run a job and follow it until it ends (exit code 0 on success).
+
+    A run directory with checkpoints resumes from the newest; one that holds a finished run of the same spec has nothing to do (exit 0); a finished run of another spec is refused (exit 2) unless --restart.
+    """
     from .client import Client
     from .spec import load_spec
 
@@ -95,13 +99,23 @@ def run(
         if backend != "kfp":
             raise typer.BadParameter("--mode applies to --backend kfp", param_hint="--mode")
         set_ = [*set_, f"kfp.mode={mode}"]
+    if restart:
+        set_ = [*set_, "training.resume=never"]
     job = load_spec(spec, set_)
     client = Client(backend)
     ref = client.submit(job)
+    out = _console()
+    if (ref.extra or {}).get("already_complete"):
+        out.print(f"{ref.run_dir} already holds a finished run of this spec ({ref.id}): nothing to do; "
+                  "--restart trains again from scratch", soft_wrap=True)
+        if detach:
+            typer.echo(ref.id)
+            return
+        _print_success(ref, out)
+        return
     if detach:
         typer.echo(ref.id)
         return
-    out = _console()
     out.print(f"[bold]{ref.id}[/] on {backend}" + (f" -> {ref.run_dir}" if ref.run_dir else ""))
     try:
         st = _follow(client, ref, out)
@@ -110,22 +124,28 @@ def run(
         client.cancel(ref)
         raise typer.Exit(130)
     if st.state == C.STATE_SUCCEEDED:
-        result = _read_result(ref)
-        summary = ""
-        if result:
-            bits = [f"train_loss={result.get('train_loss'):.4f}" if result.get("train_loss") is not None else ""]
-            if result.get("eval_loss") is not None:
-                bits.append(f"eval_loss={result['eval_loss']:.4f}")
-            if result.get("tokens_per_second"):
-                bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
-            bits.append(f"{result.get('total_seconds', result.get('runtime_seconds', 0)):.0f}s")
-            summary = " (" + ", ".join(b for b in bits if b) + ")"
-        out.print(f"[green]succeeded[/]{summary}")
-        if ref.run_dir:
-            out.print(f"results in {ref.run_dir}")
+        _print_success(ref, out)
         return
     out.print(f"[red]{st.state}[/]: {st.reason or 'no reason recorded'}")
     raise typer.Exit(int(st.extra.get("exit_code", 1)) if st.extra else 1)
+
+
+def _print_success(ref, out) -> None:
+    result = _read_result(ref)
+    summary = ""
+    if result:
+        bits = [f"train_loss={result['train_loss']:.4f}" if isinstance(result.get("train_loss"), (int, float)) else ""]
+        if isinstance(result.get("eval_loss"), (int, float)):
+            bits.append(f"eval_loss={result['eval_loss']:.4f}")
+        if isinstance(result.get("tokens_per_second"), (int, float)) and result["tokens_per_second"]:
+            bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
+        seconds = result.get("total_seconds", result.get("runtime_seconds", 0))
+        if isinstance(seconds, (int, float)):
+            bits.append(f"{seconds:.0f}s")
+        summary = " (" + ", ".join(b for b in bits if b) + ")"
+    out.print(f"[green]succeeded[/]{summary}")
+    if ref.run_dir:
+        out.print(f"results in {ref.run_dir}")
 
 
 def _read_result(ref) -> dict | None:
@@ -212,6 +232,9 @@ def list_(backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_
         try:
             st = client.status(ref)
         except KubetuneError:
+            continue
+        except Exception as e:  # one damaged run directory must not hide the others
+            table.add_row(ref.id, "unknown", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})")
             continue
         table.add_row(ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or "")
     _console().print(table)

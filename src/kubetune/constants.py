@@ -7,6 +7,7 @@ ENV_HOME = "KUBETUNE_HOME"  # where builtin models, caches and the local job reg
 ENV_DEBUG = "KUBETUNE_DEBUG"  # "1": show tracebacks for user errors too
 ENV_EVENT_STDOUT = "KUBETUNE_EVENTS_STDOUT"  # "1": the worker also prints events to stdout (clusters)
 ENV_JOB_ID = "KUBETUNE_JOB_ID"  # the job id a backend gave the worker
+ENV_RUN_LOCK_FD = "KUBETUNE_RUN_LOCK_FD"  # the run directory lock's descriptor a local submitter hands its worker
 
 # --- the run directory (DESIGN.md section 3) -------------------------------------------------
 SPEC_FILE = "spec.yaml"  # resolved spec, secrets redacted
@@ -21,6 +22,7 @@ MODEL_DIR = "model"  # full fine-tune result
 MERGED_DIR = "merged"  # base + adapter merged
 RESULT_FILE = "result.json"  # final metrics
 DONE_FILE = "DONE"  # sentinel written last
+RUN_LOCK_FILE = ".kubetune.lock"  # flock held by the one process tree writing the run directory; holds its pid
 WORKSPACE_DIR = "workspace"  # fetched model/data inside the run directory when no cache is used
 
 # Prefix of event lines on stdout, so that cluster logs alone rebuild the status.

@@ -14,6 +14,7 @@ __all__ = [
     "BackendError",
     "TrainError",
     "JobNotFound",
+    "RunDirInUse",
 ]
 
 
@@ -58,6 +59,14 @@ class BackendError(KubetuneError):
 
 class JobNotFound(BackendError):
     """No job with the given id or run directory exists."""
+
+
+class RunDirInUse(BackendError):
+    """Another live process (named by its pid) is writing the run directory."""
+
+    def __init__(self, message: str, *, hint: str | None = None, holder_pid: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.holder_pid = holder_pid
 
 
 class TrainError(KubetuneError):

@@ -11,6 +11,8 @@ logs alone rebuild the status (:func:`status_from_events`).
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
 import json
 import os
 import sys
@@ -22,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from . import constants as C
 
-__all__ = ["RunDir", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events"]
+__all__ = ["RunDir", "RunLock", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events", "disk_error_reason"]
 
 
 def _now() -> float:
@@ -93,7 +95,26 @@ class JobStatus:
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobStatus":
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        """A status from its JSON form; a field of the wrong type (a damaged or hand-edited file) is dropped."""
+        if not isinstance(d, dict):
+            raise ValueError("status is not a JSON object")
+        known = {}
+        for k in cls.__dataclass_fields__:
+            if k not in d:
+                continue
+            v = d[k]
+            if k in _INT_FIELDS:
+                v = v if isinstance(v, int) and not isinstance(v, bool) else None
+            elif k in _FLOAT_FIELDS:
+                v = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            elif k == "extra":
+                v = v if isinstance(v, dict) else {}
+            elif v is not None and not isinstance(v, str):
+                v = str(v)
+            if v is not None or k == "extra":
+                known[k] = v
+        if "step" in known and known["step"] is None:
+            known.pop("step")
         return cls(**known)
 
     def apply(self, event: dict) -> None:
@@ -126,6 +147,11 @@ class JobStatus:
             self.reason = event.get("message", self.reason)
         elif t == "done":
             self.stage = None
+
+
+_INT_FIELDS = frozenset({"step", "total_steps", "pid"})
+_FLOAT_FIELDS = frozenset({"epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "eta_seconds",
+                           "peak_memory_mb", "created_at", "started_at", "updated_at", "finished_at"})
 
 
 def status_from_events(events: Iterable[dict], base: JobStatus | None = None) -> JobStatus:
@@ -266,9 +292,10 @@ class RunDir:
 
     # reading -------------------------------------------------------------------------------
     def read_status(self) -> JobStatus | None:
+        """The recorded status; None when there is none or it cannot be read (missing, damaged, unreadable)."""
         try:
             return JobStatus.from_dict(json.loads(self.status_file.read_text(encoding="utf-8")))
-        except (FileNotFoundError, json.JSONDecodeError):
+        except (OSError, ValueError, TypeError):  # ValueError covers JSON and UTF-8 decoding errors
             return None
 
     def read_events(self) -> list[dict]:
@@ -282,17 +309,176 @@ class RunDir:
                     if not line:
                         continue
                     try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line being written right now
-        except FileNotFoundError:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue  # a line being written right now, or damaged
+                    if isinstance(ev, dict):
+                        yield ev
+        except (OSError, ValueError):  # missing, unreadable, or not text
             return
 
     def read_result(self) -> dict | None:
         try:
-            return json.loads(self.result_file.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = json.loads(self.result_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             return None
+        return data if isinstance(data, dict) else None
 
     def is_done(self) -> bool:
         return self.done_file.is_file()
+
+    def finished_spec(self) -> str | None:
+        """The saved spec of a finished run (DONE, result.json and spec.yaml all readable), else None."""
+        if not self.is_done() or self.read_result() is None:
+            return None
+        try:
+            return self.spec_file.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return None
+
+    # the writer's lock ------------------------------------------------------------------------
+    @property
+    def lock_file(self) -> Path:
+        return self.path / C.RUN_LOCK_FILE
+
+    def lock(self) -> "RunLock":
+        """Take the run directory's exclusive lock for this process (and the children it hands it to).
+
+        Raises:
+            RunDirInUse: another live process holds it (the message names its pid).
+        """
+        self.init()
+        return RunLock.acquire(self.lock_file)
+
+    def holder_pid(self) -> int | None:
+        """The pid recorded by the lock's current holder (None when free or unknown)."""
+        return RunLock.holder(self.lock_file)
+
+
+class RunLock:
+    """An exclusive ``flock`` on a run directory's lock file; the file records the holder's pid.
+
+    The kernel drops the lock when the last process holding its descriptor ends, however it ends, so a
+    killed worker never leaves a stale lock. A local submitter takes the lock, then hands the descriptor to
+    its worker (``pass_fds`` and :data:`constants.ENV_RUN_LOCK_FD`), which keeps it for its whole life.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def acquire(cls, path: Path) -> "RunLock":
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            from .errors import RunDirInUse
+
+            pid = cls.holder(path)
+            who = f"process {pid}" if pid else "another process"
+            raise RunDirInUse(
+                f"{path.parent} is in use: {who} is writing it",
+                hint="wait for that job to end or cancel it (kubetune list shows it), or choose another output.dir",
+                holder_pid=pid,
+            ) from None
+        lock = cls(path, fd)
+        lock.record(os.getpid())
+        return lock
+
+    @classmethod
+    def inherited(cls, path: Path) -> "RunLock | None":
+        """The lock handed down by a local submitter (:data:`constants.ENV_RUN_LOCK_FD`), if this process has it."""
+        raw = os.environ.get(C.ENV_RUN_LOCK_FD, "")
+        if not raw.isdigit():
+            return None
+        fd = int(raw)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            return None
+        if not same:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the same open file: succeeds when we hold it
+        except OSError:
+            return None
+        lock = cls(path, fd)
+        lock.record(os.getpid())
+        return lock
+
+    @staticmethod
+    def holder(path: Path) -> int | None:
+        try:
+            text = Path(path).read_text(encoding="ascii").strip()
+        except (OSError, ValueError):
+            return None
+        return int(text) if text.isdigit() else None
+
+    def record(self, pid: int) -> None:
+        """Write ``pid`` into the lock file (who holds it, for the loser's message)."""
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{pid}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds all the same
+
+    def release(self) -> None:
+        """Close this process's descriptor. The lock ends when no process holds the open file any more; no
+        explicit unlock, which would also end it for a child that inherited the descriptor."""
+        if self.fd < 0:
+            return
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
+# How libraries that do not raise OSError say the disk is full (torch's zip writer, safetensors' Rust io::Error).
+_DISK_FULL_TEXTS = ("No space left on device", "StorageFull", "file write failed", "Disk quota exceeded")
+
+
+def disk_error_reason(exc: BaseException, where: str | os.PathLike | None = None) -> str | None:
+    """A one-line reason when ``exc`` is a failed write of the run directory's disk, else None.
+
+    ``"no space left on device writing PATH"`` for an OSError (its filename, else ``where``), and for the
+    wrapped forms torch and safetensors raise when the disk fills during a save.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+            path = e.filename or where
+            return _DISK_ERRNOS[e.errno] + (f" writing {path}" if path else "")
+        text = str(e)
+        if any(t in text for t in _DISK_FULL_TEXTS):
+            return "no space left on device" + (f" writing under {where}" if where else "")
+        e = e.__cause__ or e.__context__
+    if where is not None:  # torch's zip writer reports a short write only as "unexpected pos N vs M"
+        free = _free_bytes(Path(where))
+        if free is not None and free < _NEARLY_FULL_BYTES:
+            return f"no space left on device writing under {where} ({free} bytes free)"
+    return None
+
+
+_NEARLY_FULL_BYTES = 1 << 20  # a failure with less than this free on the run's file system is a full disk
+
+
+def _free_bytes(path: Path) -> int | None:
+    import shutil
+
+    for p in (path, *path.parents):
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            continue
+    return None

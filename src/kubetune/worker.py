@@ -20,11 +20,11 @@ from typing import Any
 
 from . import constants as C
 from . import distributed
-from .errors import KubetuneError, SourceError
-from .events import RunDir, make_event
+from .errors import BackendError, KubetuneError, SourceError
+from .events import RunDir, RunLock, disk_error_reason, make_event
 from .spec import TuneJob, dump_spec, load_spec
 
-__all__ = ["run_worker", "fetch_inputs", "materialize", "prepare_data", "publish", "main"]
+__all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "materialize", "prepare_data", "publish", "main"]
 
 log = logging.getLogger("kubetune.worker")
 
@@ -32,18 +32,37 @@ log = logging.getLogger("kubetune.worker")
 def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id: str | None = None) -> int:
     """Run the whole job in this process and return an exit code (0 ok, 2 user error, 1 bug).
 
-    The run directory records every step; its final state is succeeded, failed or cancelled.
+    The run directory records every step; its final state is succeeded, failed or cancelled. Rank 0 holds
+    the run directory's lock for its whole life (a second worker on the same directory exits 2 naming the
+    holder's pid). A run directory that holds a finished run is never destroyed on the way in: the same spec
+    has nothing to do (exit 0), another spec is refused (exit 2) unless ``training.resume=never`` starts over.
     """
     distributed.follow_launcher()  # a rank never outlives the launcher that started it
     rank = int(os.environ.get("RANK", "0"))
     is_main = rank == 0
     run = RunDir(run_dir or job.output_dir, echo=os.environ.get(C.ENV_EVENT_STDOUT) == "1")
-    if is_main:
-        run.init()
-        for stale in (run.done_file, run.result_file):
-            stale.unlink(missing_ok=True)
-        run.spec_file.write_text(dump_spec(job), encoding="utf-8")
-        run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
+    handed_down = bool(os.environ.get(C.ENV_RUN_LOCK_FD))  # a local submitter checked the run dir and holds its lock
+    lock = None
+    try:
+        if not handed_down:
+            verdict, diffs = previous_run(job, run)
+            if verdict == "same":
+                print(f"[kubetune] {run.path} already holds a finished run of this spec: nothing to do "
+                      "(training.resume=never trains again from scratch)", flush=True)
+                return 0
+            if verdict == "different":
+                raise BackendError(finished_run_message(run, diffs), hint=FINISHED_RUN_HINT)
+        if is_main:
+            lock = _take_lock(run)
+            run.spec_file.write_text(dump_spec(job), encoding="utf-8")
+            run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
+    except KubetuneError as e:  # nothing of this run was recorded: the directory belongs to someone else
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write the run directory: {disk_error_reason(e, run.path) or e}\n"
+              f"  hint: choose an output.dir on a writable file system with free space", file=sys.stderr, flush=True)
+        return 2
     _install_signal_handlers(run if is_main else None)
     sync = None
     try:
@@ -53,6 +72,9 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         sync = _output_sync(job, run, is_main)
         _stage(run, is_main, C.STAGE_PREPARE, "preparing data")
         tokenizer, prepared = prepare_data(job, inputs, run if is_main else None)
+        if is_main:  # the new run has proven it can start: only now is an earlier result replaced
+            for stale in (run.done_file, run.result_file):
+                stale.unlink(missing_ok=True)
         _stage(run, is_main, C.STAGE_TRAIN, "training")
         from .training.sft import run_sft
 
@@ -67,25 +89,126 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             run.mark_done()
         return 0
     except KubetuneError as e:
-        if is_main:
-            run.emit(make_event("error", str(e)))
-            if not distributed.launcher_records_state():  # else the launcher records the first failing rank's error
-                run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
+        _record_failure(run, is_main, str(e), 2)
         distributed.record_error(str(e))
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    except Exception as e:  # a bug: keep the traceback in the log, the reason in the status
-        traceback.print_exc()
+    except Exception as e:
+        disk = disk_error_reason(e, run.path)
+        if disk is not None:  # the disk filled (or went read-only) under the run: the user's to fix, not a bug
+            message = f"{disk}\n  hint: free space there or choose an output.dir with room for checkpoints and the model"
+            _record_failure(run, is_main, message, 2)
+            distributed.record_error(message)
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            return 2
+        traceback.print_exc()  # a bug: keep the traceback in the log, the reason in the status
         reason = f"{type(e).__name__}: {e}"
-        if is_main:
-            run.emit(make_event("error", reason))
-            if not distributed.launcher_records_state():
-                run.set_state(C.STATE_FAILED, reason=reason, exit_code=1)
+        _record_failure(run, is_main, reason, 1)
         distributed.record_error(reason, traceback.format_exc())
         return 1
     finally:
         if sync is not None:
             sync.close(timeout=600)
+        if lock is not None:
+            lock.release()
+
+
+def _take_lock(run: RunDir) -> "RunLock | None":
+    """The run directory's lock for this worker: the one its submitter handed down, else a fresh one.
+
+    Under the kubetune launcher started by a local submitter the launcher holds the handed-down lock for its
+    ranks; a worker started any other way (a pod, ``kubetune worker``, a hand-started launcher) takes it here.
+    """
+    run.init()
+    inherited = RunLock.inherited(run.lock_file)
+    if inherited is not None:
+        return inherited
+    if os.environ.get(C.ENV_RUN_LOCK_FD) and distributed.launcher_records_state():
+        return None
+    return run.lock()
+
+
+def _record_failure(run: RunDir, is_main: bool, reason: str, code: int) -> None:
+    """Record ``reason`` as the job's failure; on a full disk, free what is garbage anyway and try once more."""
+    if not is_main:
+        return
+    for attempt in (1, 2):
+        try:
+            run.emit(make_event("error", reason))
+            if not distributed.launcher_records_state():  # else the launcher records the first failing rank's error
+                run.set_state(C.STATE_FAILED, reason=reason, exit_code=code)
+            return
+        except OSError as e:
+            if attempt == 2:
+                print(f"error: could not record the failure in {run.path}: {e}", file=sys.stderr, flush=True)
+                return
+            _free_garbage(run)
+
+
+def _free_garbage(run: RunDir) -> None:
+    """Remove what no reader would ever use: unfinished checkpoints and temporary files."""
+    import shutil
+
+    from .training.checkpoints import incomplete_checkpoints
+
+    for p in incomplete_checkpoints(run.checkpoints_dir):
+        shutil.rmtree(p, ignore_errors=True)
+    for tmp in run.path.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+# --- a run directory that already holds a run --------------------------------------------------
+FINISHED_RUN_HINT = "rerun with --restart (training.resume=never) to start over there, or choose another output.dir"
+_IGNORED_FOR_RERUN = (("training", "resume"),)  # how to treat earlier checkpoints is not part of what a run is
+
+
+def previous_run(job: TuneJob, run: RunDir) -> tuple[str, list[str]]:
+    """What the run directory holds, compared with ``job``: ``("none"|"same"|"different", differing fields)``.
+
+    ``same``: a finished run (DONE and result.json) of this very spec; ``different``: a finished run of
+    another spec, with the fields that differ (``training.epochs: 20 -> 1``). With ``training.resume=never``
+    the answer is always ``none``: the user asked to start over.
+    """
+    if job.training.resume == "never":
+        return "none", []
+    saved = run.finished_spec()
+    if saved is None:
+        return "none", []
+    import yaml
+
+    try:
+        before = yaml.safe_load(saved)
+    except yaml.YAMLError:
+        before = None
+    now = yaml.safe_load(dump_spec(job))
+    for section, key in _IGNORED_FOR_RERUN:
+        for d in (before, now):
+            if isinstance(d, dict) and isinstance(d.get(section), dict):
+                d[section].pop(key, None)
+    if not isinstance(before, dict):
+        return "different", ["spec.yaml: unreadable"]
+    diffs = _diff(before, now)
+    return ("same", []) if not diffs else ("different", diffs)
+
+
+def finished_run_message(run: RunDir, diffs: list[str]) -> str:
+    """The one line that says why a rerun on a finished run with another spec is refused."""
+    shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+    return f"{run.path} holds a finished run of a different spec ({shown}); nothing was changed"
+
+
+def _diff(before: Any, now: Any, prefix: str = "") -> list[str]:
+    if isinstance(before, dict) and isinstance(now, dict):
+        out: list[str] = []
+        for key in list(dict.fromkeys([*before, *now])):
+            out += _diff(before.get(key), now.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if before == now else [f"{prefix}: {_short(before)} -> {_short(now)}"]
+
+
+def _short(value: Any) -> str:
+    text = "unset" if value is None else str(value)
+    return text if len(text) <= 48 else "..." + text[-45:]  # a path's end tells paths apart
 
 
 def _stage(run: RunDir, is_main: bool, stage: str, message: str) -> None:

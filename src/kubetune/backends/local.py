@@ -18,9 +18,10 @@ from typing import Iterator
 
 from .. import constants as C
 from ..errors import BackendError, JobNotFound
-from ..events import JobStatus, RunDir
+from ..events import JobStatus, RunDir, disk_error_reason
 from ..paths import jobs_dir
 from ..spec import TuneJob, dump_spec
+from ..worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from .base import JobRef
 from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
 
@@ -37,29 +38,53 @@ class LocalBackend:
 
     # -- submit ------------------------------------------------------------------------------
     def submit(self, job: TuneJob) -> JobRef:
+        """Start the worker for ``job`` and return at once.
+
+        The run directory's lock is taken here and handed to the worker, so of two submissions on one
+        directory at the same moment exactly one starts (the other raises :class:`RunDirInUse`). A directory
+        holding a finished run of the same spec starts nothing and returns that run's reference
+        (``extra["already_complete"]``); a finished run of another spec is refused unless
+        ``training.resume=never``.
+        """
         run = RunDir(job.output_dir)
-        current = run.read_status()
-        if current and not current.terminal and current.pid and _alive(current.pid):
+        try:
+            lock = run.lock()
+        except OSError as e:
             raise BackendError(
-                f"{run.path} is in use by job {current.job_id} (pid {current.pid})",
-                hint=f"wait for it, cancel it (kubetune cancel {current.job_id}), or set output.dir",
-            )
+                f"output.dir {run.path}: cannot write there: {disk_error_reason(e, run.path) or e.strerror or e}",
+                hint="choose an output.dir on a writable file system with free space",
+            ) from None
+        try:
+            verdict, diffs = previous_run(job, run)
+            if verdict == "same":
+                return self._finished_ref(job, run)
+            if verdict == "different":
+                raise BackendError(finished_run_message(run, diffs), hint=FINISHED_RUN_HINT)
+            return self._start(job, run, lock)
+        except OSError as e:
+            raise BackendError(
+                f"output.dir {run.path}: cannot write there: {disk_error_reason(e, run.path) or e.strerror or e}",
+                hint="choose an output.dir on a writable file system with free space",
+            ) from None
+        finally:
+            lock.release()  # the worker holds its own copy of the descriptor from here on
+
+    def _start(self, job: TuneJob, run: RunDir, lock) -> JobRef:
         job_id = new_job_id(job.name)
-        run.init()
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
-        for stale in (run.done_file, run.result_file):
-            stale.unlink(missing_ok=True)
         run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
         run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
         cmd = _worker_command(job, run)
-        env = {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, C.ENV_JOB_ID: job_id, C.ENV_RUN_LOCK_FD: str(lock.fd), "PYTHONUNBUFFERED": "1"}
         log = open(run.worker_log, "ab")
         try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, pass_fds=(lock.fd,))
         except OSError as e:
             raise BackendError(f"could not start the worker: {e}") from e
         finally:
             log.close()
+        lock.record(proc.pid)
         self._procs[proc.pid] = proc
         st = run.read_status() or JobStatus()
         st.pid, st.job_id, st.name, st.backend, st.run_dir = proc.pid, job_id, job.name, self.name, str(run.path)
@@ -70,6 +95,14 @@ class LocalBackend:
         )
         return ref
 
+    def _finished_ref(self, job: TuneJob, run: RunDir) -> JobRef:
+        st = run.read_status() or JobStatus()
+        if st.state != C.STATE_SUCCEEDED:  # DONE and result.json say it finished; the status must agree
+            st.state = C.STATE_SUCCEEDED
+            run.write_status(st)
+        return JobRef(id=st.job_id or job.name, backend=self.name, name=job.name, run_dir=str(run.path),
+                      extra={"already_complete": True})
+
     # -- follow ------------------------------------------------------------------------------
     def status(self, ref: JobRef) -> JobStatus:
         run = self._run(ref)
@@ -78,8 +111,7 @@ class LocalBackend:
             raise JobNotFound(f"job {ref.id}: no status in {run.path}")
         pid = st.pid or (st.extra or {}).get("worker_pid")
         if st.state == C.STATE_PENDING and not pid and time.time() - (st.updated_at or st.created_at or time.time()) > C.LOCAL_START_GRACE_S:
-            run.set_state(C.STATE_FAILED, reason=C.REASON_NEVER_STARTED)
-            return run.read_status() or st
+            return _record_end(run, st, C.REASON_NEVER_STARTED)
         if not st.terminal and pid and not self._is_running(pid):
             time.sleep(0.2)  # the worker may be writing its final state right now
             st = run.read_status() or st
@@ -90,8 +122,7 @@ class LocalBackend:
                 tail = _tail(run.worker_log, 5)
                 if tail:
                     reason += "; last log lines:\n" + tail
-                run.set_state(C.STATE_FAILED, reason=reason)
-                st = run.read_status() or st
+                st = _record_end(run, st, reason)
         return st
 
     def events(self, ref: JobRef) -> list[dict]:
@@ -187,6 +218,17 @@ class LocalBackend:
             if int(fields[2]) == pgid and fields[0] != "Z":  # fields[2] is pgrp, fields[0] the state
                 return True
         return False
+
+
+def _record_end(run: RunDir, st: JobStatus, reason: str) -> JobStatus:
+    """Record that a job failed without its worker saying so; a run directory that cannot be written any more
+    (a full disk, say) still gets the failure reported, only not saved."""
+    try:
+        run.set_state(C.STATE_FAILED, reason=reason)
+        return run.read_status() or st
+    except OSError as e:
+        st.state, st.reason = C.STATE_FAILED, f"{reason} (not recorded in {run.path}: {disk_error_reason(e, run.path) or e})"
+        return st
 
 
 def _worker_command(job: TuneJob, run: RunDir) -> list[str]:

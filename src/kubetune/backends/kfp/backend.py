@@ -23,9 +23,10 @@ from typing import Iterator
 
 from ... import constants as C
 from ...errors import BackendError, JobNotFound, KubetuneError
-from ...events import JobStatus, RunDir, make_event
+from ...events import JobStatus, RunDir, disk_error_reason, make_event
 from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
+from ...worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from ..base import JobRef
 from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
 
@@ -55,26 +56,36 @@ class KfpBackend:
     def _submit_local(self, job: TuneJob) -> JobRef:
         from .pipeline import build_pipeline
 
-        run = RunDir(job.output_dir)
-        current = run.read_status()
-        if current and not current.terminal and current.pid and _alive(current.pid):
-            raise BackendError(
-                f"{run.path} is in use by job {current.job_id} (pid {current.pid})",
-                hint=f"wait for it, cancel it (kubetune cancel {current.job_id} --backend kfp), or set output.dir",
-            )
         build_pipeline(job, local=True)  # a setting KFP cannot express fails here, before any process starts
-        job_id = _new_id(job)
-        _start_run_dir(run, job, job_id, kfp_mode="local")
-        cmd = [sys.executable, "-m", "kubetune.backends.kfp.driver", "--run-dir", str(run.path), "--job-id", job_id]
-        env = {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1"}
-        log = open(run.worker_log, "ab")
+        run = RunDir(job.output_dir)
         try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+            lock = run.lock()  # handed to the driver, which holds it until the pipeline ends
         except OSError as e:
-            raise BackendError(f"could not start the KFP local runner: {e}") from e
+            raise BackendError(f"output.dir {run.path}: cannot write there: {disk_error_reason(e, run.path) or e.strerror or e}",
+                               hint="choose an output.dir on a writable file system with free space") from None
+        try:
+            verdict, diffs = previous_run(job, run)
+            if verdict == "same":
+                st = run.read_status() or JobStatus()
+                return JobRef(id=st.job_id or job.name, backend=self.name, name=job.name, run_dir=str(run.path),
+                              extra={"mode": "local", "already_complete": True})
+            if verdict == "different":
+                raise BackendError(finished_run_message(run, diffs), hint=FINISHED_RUN_HINT)
+            job_id = _new_id(job)
+            _start_run_dir(run, job, job_id, kfp_mode="local")
+            cmd = [sys.executable, "-m", "kubetune.backends.kfp.driver", "--run-dir", str(run.path), "--job-id", job_id]
+            env = {**os.environ, C.ENV_JOB_ID: job_id, C.ENV_RUN_LOCK_FD: str(lock.fd), "PYTHONUNBUFFERED": "1"}
+            log = open(run.worker_log, "ab")
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True, pass_fds=(lock.fd,))
+            except OSError as e:
+                raise BackendError(f"could not start the KFP local runner: {e}") from e
+            finally:
+                log.close()
+            lock.record(proc.pid)
         finally:
-            log.close()
+            lock.release()
         self._procs[proc.pid] = proc
         st = run.read_status() or JobStatus()
         st.pid = proc.pid
@@ -87,6 +98,13 @@ class KfpBackend:
         from .remote import stage_inputs
 
         build_pipeline(job)  # spec problems first: nothing uploaded, nothing submitted
+        verdict, diffs = previous_run(job, RunDir(job.output_dir))
+        if verdict == "same":
+            st = RunDir(job.output_dir).read_status() or JobStatus()
+            return JobRef(id=st.job_id or job.name, backend=self.name, name=job.name, run_dir=str(job.output_dir),
+                          extra={"mode": "remote", "already_complete": True})
+        if verdict == "different":
+            raise BackendError(finished_run_message(RunDir(job.output_dir), diffs), hint=FINISHED_RUN_HINT)
         server = self._connect(job)
         job_id = _new_id(job)
         staged, uploads = stage_inputs(job, job_id)
@@ -103,6 +121,8 @@ class KfpBackend:
             run.emit(make_event("error", str(e)))
             run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
             raise
+        for stale in (run.done_file, run.result_file):  # the server accepted the new run: the old result is history
+            stale.unlink(missing_ok=True)
         url = server.run_url(run_id)
         run.emit(make_event("stage", f"submitted KFP run {run_id}" + (f": {url}" if url else ""), stage=C.STAGE_FETCH,
                             kfp_run_id=run_id, run_url=url))
@@ -352,9 +372,7 @@ def _new_id(job: TuneJob) -> str:
 def _start_run_dir(run: RunDir, job: TuneJob, job_id: str, **extra: object) -> None:
     """A fresh start in the run directory: the resolved spec, no stale result, a pending state."""
     run.init()
-    run.spec_file.write_text(dump_spec(job), encoding="utf-8")
-    for stale in (run.done_file, run.result_file):
-        stale.unlink(missing_ok=True)
+    run.spec_file.write_text(dump_spec(job), encoding="utf-8")  # an earlier DONE/result.json stay until training starts
     run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend="kfp", run_dir=str(run.path),
                                created_at=time.time()))
     run.set_state(C.STATE_PENDING, job_id=job_id, **{k: v for k, v in extra.items() if v is not None})

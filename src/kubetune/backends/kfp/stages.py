@@ -106,6 +106,9 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
             _stage(run if is_main else None, C.STAGE_PREPARE, "preparing data")
             tokenizer, prepared = prepare_data(job, inputs, run if is_main else None)
+            if is_main:  # the new run has proven it can start: only now is an earlier result replaced
+                for stale in (run.done_file, run.result_file):
+                    stale.unlink(missing_ok=True)
             _stage(run if is_main else None, C.STAGE_TRAIN, "training")
             from ...training.sft import run_sft
 
