@@ -103,7 +103,7 @@ def test_unknown_source_exits_2(tmp_path):
 
 
 def test_cli_module_stays_light():
-    code = "import sys, kubetune.cli_data, kubetune.data; print(sorted(m for m in ('torch', 'datasets', 'pyarrow', 'transformers') if m in sys.modules))"
+    code = "import sys, kubetune.cli.data, kubetune.data; print(sorted(m for m in ('torch', 'datasets', 'pyarrow', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -72,7 +72,7 @@ def test_local_run_writes_the_run_directory(tiny_job, method, artifact):
 
 def test_trained_model_answers_in_process(tiny_job):
     """A longer LoRA run learns the training answers (what the quickstart shows)."""
-    from kubetune.inference import load_chat_model
+    from kubetune.serve.loading import load_chat_model
 
     job = tiny_job(
         method={"type": "lora", "lora": {"r": 16, "alpha": 32, "modules_to_save": ["embed_tokens"]}},

@@ -20,7 +20,7 @@ from kubetune.storage import OutputSync, fetch, push, redact
 
 @pytest.fixture
 def app() -> typer.Typer:
-    from kubetune.cli_storage import register
+    from kubetune.cli.storage import register
 
     a = typer.Typer()
     register(a)

@@ -149,7 +149,7 @@ def test_parse_uri_errors():
 
 
 def test_imports_stay_light():
-    code = ("import sys, kubetune.storage, kubetune.cli_storage; "
+    code = ("import sys, kubetune.storage, kubetune.cli.storage; "
             "heavy = [m for m in ('boto3', 'botocore', 'huggingface_hub', 'oras', 'httpx', 'torch') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

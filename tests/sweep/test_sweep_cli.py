@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from kubetune import constants as C
-from kubetune.cli_sweep import _job_from_options, _parse_dist, _parse_grid, _split
+from kubetune.cli.sweep import _job_from_options, _parse_dist, _parse_grid, _split
 from kubetune.errors import SpecError
 from kubetune.events import RunDir
-from kubetune.sweep import load_sweep
+from kubetune.sweep.run import load_sweep
 
 
 def test_grid_and_dist_options_parse_values_as_yaml():
@@ -74,7 +74,7 @@ def test_status_of_an_unknown_sweep(kubetune_cli, tmp_path):
 
 def test_sweep_commands_do_not_import_torch_or_matplotlib():
     code = (
-        "import sys, kubetune.cli, kubetune.sweep, kubetune.sweep_report, kubetune.cli_sweep; "
+        "import sys, kubetune.cli, kubetune.sweep.run, kubetune.sweep.report, kubetune.cli.sweep; "
         "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

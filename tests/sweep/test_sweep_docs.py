@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-import kubetune.sweep
+import kubetune.sweep.run
 from kubetune.cli import app
 from kubetune.spec import load_spec
-from kubetune.sweep import plan_values, sweep_dir_for, sweep_id_for, trial_spec
+from kubetune.sweep.run import plan_values, sweep_dir_for, sweep_id_for, trial_spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sweeps.md"
 
@@ -35,7 +35,7 @@ def test_seed_002_rank_sweep_is_one_command(tmp_path, monkeypatch):
         calls.append((job, kw))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(kubetune.sweep, "run_sweep", capture)
+    monkeypatch.setattr(kubetune.sweep.run, "run_sweep", capture)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, argv[1:])
     assert result.exit_code == 130 and calls, result.output  # stopped right where the sweep would start

@@ -9,8 +9,8 @@ import pytest
 from kubetune import constants as C
 from kubetune.errors import BackendError, SpecError
 from kubetune.spec import SweepSpec, load_spec
-from kubetune.sweep import local_slots, median_stop, plan_values, sweep_id_for, trial_name, trial_spec
-from kubetune.sweep_plan import check_sweep
+from kubetune.sweep.run import local_slots, median_stop, plan_values, sweep_id_for, trial_name, trial_spec
+from kubetune.sweep.plan import check_sweep
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

@@ -12,8 +12,8 @@ from kubetune import constants as C
 from kubetune.backends.base import BACKENDS
 from kubetune.errors import BackendError, SpecError
 from kubetune.spec import load_spec
-from kubetune.sweep import load_sweep, run_sweep
-from kubetune.sweep_state import sweep_lock
+from kubetune.sweep.run import load_sweep, run_sweep
+from kubetune.sweep.state import sweep_lock
 
 from .backend_double import InstantBackend
 

@@ -48,7 +48,7 @@ class RemoteChat:
         return [m["id"] for m in data.get("data", [])]
 
     def stream(self, messages: list[dict], *, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """Yield the assistant's reply piece by piece (the same call shape as :class:`~kubetune.inference.ChatModel`)."""
+        """Yield the assistant's reply piece by piece (the same call shape as :class:`~kubetune.serve.loading.ChatModel`)."""
         import httpx
 
         body: dict = {"model": self.model, "messages": messages, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "stream": True}

@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import constants as C
-from .errors import BackendError, JobNotFound, KubetuneError, SpecError
-from .events import RunDir
-from .spec import SweepSpec, TuneJob, spec_to_dict
-from .sweep_plan import (
+from .. import constants as C
+from ..errors import BackendError, JobNotFound, KubetuneError, SpecError
+from ..events import RunDir
+from ..spec import SweepSpec, TuneJob, spec_to_dict
+from .plan import (
     DURING_TRAINING,
     check_sweep,
     local_slots,
@@ -39,7 +39,7 @@ from .sweep_plan import (
     trial_spec,
     values_text,
 )
-from .sweep_state import SWEEP_DONE, Sweep, Trial, list_sweeps, load_sweep, register, sweep_lock
+from .state import SWEEP_DONE, Sweep, Trial, list_sweeps, load_sweep, register, sweep_lock
 
 __all__ = [
     "Sweep",
@@ -95,7 +95,7 @@ def run_sweep(
     sweep_id = sweep_id_for(job, run_id)
     directory = sweep_dir_for(job, sweep_id)
     plan = [(values, trial_spec(job, sweep_id, values, directory)) for values in plan_values(spec)]
-    from .client import Client
+    from ..client import Client
 
     client = Client(backend, **(backend_options or {}))  # an unknown backend fails here, before anything is written
     with sweep_lock(directory) as lock_ok:
@@ -115,7 +115,7 @@ def run_sweep(
                 raise
             finally:
                 sweep.save()
-    from .sweep_report import write_reports
+    from .report import write_reports
 
     for note in write_reports(sweep, trial_curves(sweep, client)):
         log(note)
@@ -409,7 +409,7 @@ def refresh_sweep(sweep: Sweep, client: Any = None) -> Sweep:
     Saves ``sweep.json`` only when no sweep process is running (that process owns the file).
     """
     if client is None:
-        from .client import Client
+        from ..client import Client
 
         client = Client(sweep.backend)
     with sweep_lock(sweep.path) as free:
@@ -443,7 +443,7 @@ def cancel_sweep(sweep: Sweep, client: Any = None, *, timeout: float = 60.0) -> 
             time.sleep(0.2)
     fresh = Sweep.load(sweep.path)
     if client is None:
-        from .client import Client
+        from ..client import Client
 
         client = Client(fresh.backend)
     with sweep_lock(fresh.path) as free:
@@ -480,7 +480,7 @@ def _try_load(directory: Path) -> Sweep | None:
 
 
 def _ref(d: dict):
-    from .backends.base import JobRef
+    from ..backends.base import JobRef
 
     return JobRef(id=d["id"], backend=d.get("backend", "local"), name=d.get("name", ""), run_dir=d.get("run_dir"), extra=d.get("extra") or {})
 

@@ -18,8 +18,8 @@ from typing import Any, List, Optional
 import typer
 from typer.core import TyperGroup
 
-from . import constants as C
-from .errors import SpecError
+from .. import constants as C
+from ..errors import SpecError
 
 __all__ = ["register"]
 
@@ -81,7 +81,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Run the sweep in the background; print its id and return."),
 ) -> None:
     """Run a sweep, or continue one: succeeded trials are skipped, interrupted ones resume from checkpoints."""
-    from .sweep import run_sweep, sweep_dir_for, sweep_id_for
+    from ..sweep.run import run_sweep, sweep_dir_for, sweep_id_for
 
     job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir)
     options = {"namespace": namespace} if namespace else {}
@@ -108,8 +108,8 @@ def status(
     html_path: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report (table + plot) to this file."),
 ) -> None:
     """Show a sweep's trials (values, state, objective), best first."""
-    from . import sweep_report as R
-    from .sweep import load_sweep, refresh_sweep, trial_curves
+    from ..sweep import report as R
+    from ..sweep.run import load_sweep, refresh_sweep, trial_curves
 
     sweep = refresh_sweep(load_sweep(sweep_key))
     curves = trial_curves(sweep) if (plot_path or html_path) else {}
@@ -147,7 +147,7 @@ def list_() -> None:
     """List sweeps started on this machine, newest first."""
     from rich.table import Table
 
-    from .sweep import list_sweeps
+    from ..sweep.run import list_sweeps
 
     table = Table("SWEEP", "STATE", "TRIALS", "BEST", "OBJECTIVE", "DIR", box=None)
     for sweep in list_sweeps():
@@ -160,7 +160,7 @@ def list_() -> None:
 
 def cancel(sweep_key: str = typer.Argument(..., metavar="SWEEP", help="Sweep id or sweep directory.")) -> None:
     """Stop a sweep and its running trials (rerunning it resumes them from their checkpoints)."""
-    from .sweep import cancel_sweep, load_sweep
+    from ..sweep.run import cancel_sweep, load_sweep
 
     sweep = cancel_sweep(load_sweep(sweep_key))
     _console().print(_table(sweep))
@@ -176,7 +176,7 @@ def _console():
 
 def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir):
     """The base spec with its sweep section updated from the command line (the command line wins per key)."""
-    from .spec import load_spec, spec_to_dict
+    from ..spec import load_spec, spec_to_dict
 
     data = spec_to_dict(load_spec(spec, set_))
     sweep: dict[str, Any] = data.get("sweep") or {}
@@ -256,7 +256,7 @@ def _detach(argv: list[str], directory: Path, sweep_id: str) -> None:
     """Start this same sweep as a background process that outlives the terminal."""
     args = [a for a in argv[1:] if a not in ("-d", "--detach")]
     if "sweep" not in args:
-        raise SpecError("--detach works from the kubetune command line only", hint="call kubetune.sweep.run_sweep in a thread or process of your own")
+        raise SpecError("--detach works from the kubetune command line only", hint="call kubetune.sweep.run.run_sweep in a thread or process of your own")
     directory.mkdir(parents=True, exist_ok=True)
     log = open(directory / C.SWEEP_LOG, "ab")
     try:

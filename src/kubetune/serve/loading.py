@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import constants as C
-from .errors import SourceError
+from .. import constants as C
+from ..errors import SourceError
 
 __all__ = ["ChatModel", "load_chat_model"]
 
@@ -63,8 +63,8 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
     path = Path(source).expanduser()
     trust = False
     if (path / C.SPEC_FILE).is_file():  # a run directory
-        from .spec import load_spec
-        from .worker import materialize
+        from ..spec import load_spec
+        from ..worker import materialize
 
         job = load_spec(path / C.SPEC_FILE)
         trust = job.model.trust_remote_code
@@ -83,7 +83,7 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
         else:
             raise SourceError(f"{source}: the run has no trained model yet (no merged/, model/ or adapter/)", hint="kubetune status shows whether it finished")
     elif not path.exists():
-        from .worker import materialize
+        from ..worker import materialize
 
         path = materialize(str(source))
     if not (path / "config.json").is_file():

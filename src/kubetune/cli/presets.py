@@ -20,8 +20,8 @@ def presets(
     from rich.console import Console
     from rich.table import Table
 
-    from .errors import SpecError
-    from .presets import architectures, load_preset, preset_names, preset_values
+    from ..errors import SpecError
+    from ..presets import architectures, load_preset, preset_names, preset_values
 
     if name is not None:
         if name not in preset_names():

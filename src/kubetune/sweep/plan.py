@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from . import constants as C
-from .errors import BackendError, SpecError
-from .spec import SweepParamSpec, SweepSpec, TuneJob, apply_overrides, load_spec, spec_to_dict
+from .. import constants as C
+from ..errors import BackendError, SpecError
+from ..spec import SweepParamSpec, SweepSpec, TuneJob, apply_overrides, load_spec, spec_to_dict
 
 __all__ = [
     "plan_values",

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import constants as C
-from .errors import JobNotFound, KubetuneError
-from .spec import SweepSpec
+from .. import constants as C
+from ..errors import JobNotFound, KubetuneError
+from ..spec import SweepSpec
 
 __all__ = ["Trial", "Sweep", "load_sweep", "list_sweeps", "sweep_lock", "register", "SWEEP_DONE"]
 
@@ -166,7 +166,7 @@ def sweep_lock(directory: Path) -> Iterator[bool]:
 
 
 def _registry() -> Path:
-    from .paths import home
+    from ..paths import home
 
     p = home() / C.SWEEP_REGISTRY_DIR
     p.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ from typing import List, Optional
 
 import typer
 
-from . import constants as C
-from .errors import KubetuneError
+from .. import constants as C
+from ..errors import KubetuneError
 
 app = typer.Typer(
     name="kubetune",
@@ -53,8 +53,8 @@ def validate(
     sources: bool = typer.Option(True, "--sources/--no-sources", help="Note after each YAML value where it came from (spec, preset NAME, default)."),
 ) -> None:
     """Check a spec and print it resolved: every effective value, and where it came from."""
-    from .presets import explain_spec
-    from .spec import dump_spec, load_spec, spec_to_dict
+    from ..presets import explain_spec
+    from ..spec import dump_spec, load_spec, spec_to_dict
 
     job = load_spec(spec, set_)
     if output == "json":
@@ -73,7 +73,7 @@ def validate(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the job spec (for editor completion)."""
-    from .spec import TuneJob
+    from ..spec import TuneJob
 
     typer.echo(json.dumps(TuneJob.model_json_schema(), indent=2))
 
@@ -92,8 +92,8 @@ def run(
 
     A run directory with checkpoints resumes from the newest; one that holds a finished run of the same spec has nothing to do (exit 0); a finished run of another spec is refused (exit 2) unless --restart.
     """
-    from .client import Client
-    from .spec import load_spec
+    from ..client import Client
+    from ..spec import load_spec
 
     if mode is not None:  # a shorthand for --set kfp.mode=...; docs/kfp.md
         if backend != "kfp":
@@ -151,7 +151,7 @@ def _print_success(ref, out) -> None:
 def _read_result(ref) -> dict | None:
     if not ref.run_dir:
         return None
-    from .events import RunDir
+    from ..events import RunDir
 
     return RunDir(ref.run_dir).read_result()
 
@@ -224,7 +224,7 @@ def list_(backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_
     """List jobs, newest first."""
     from rich.table import Table
 
-    from .client import Client
+    from ..client import Client
 
     client = Client(backend)
     table = Table("JOB", "STATE", "STAGE", "STEP", "LOSS", "RUN DIR", box=None)
@@ -247,7 +247,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print status.json as JSON."),
 ) -> None:
     """Show a job's state, stage and progress."""
-    from .client import Client
+    from ..client import Client
 
     st = Client(backend).status(job)
     if as_json:
@@ -267,7 +267,7 @@ def logs(
     backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
 ) -> None:
     """Print a job's worker log."""
-    from .client import Client
+    from ..client import Client
 
     for line in Client(backend).logs(job, follow=follow):
         typer.echo(line)
@@ -279,7 +279,7 @@ def cancel(
     backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
 ) -> None:
     """Stop a job and every process it started."""
-    from .client import Client
+    from ..client import Client
 
     client = Client(backend)
     client.cancel(job)
@@ -300,13 +300,13 @@ def chat(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar=C.ENV_SERVE_API_KEY, help="Server only: bearer key."),
 ) -> None:
     """Chat with a trained model: through a server URL, or loaded in this process."""
-    from .serve.chat import RemoteChat, is_url
+    from ..serve.chat import RemoteChat, is_url
 
     if is_url(source):
         model = RemoteChat(source, model=model_id, api_key=api_key)
         source = model.source
     else:
-        from .inference import load_chat_model
+        from ..serve.loading import load_chat_model
 
         model = load_chat_model(source)
     history: list[dict] = [{"role": "system", "content": system}] if system else []
@@ -342,7 +342,7 @@ def chat(
 @app.command()
 def merge(run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job.")) -> None:
     """Merge a run's adapter into its base model (writes merged/)."""
-    from .training.merge import merge_run
+    from ..training.merge import merge_run
 
     typer.echo(str(merge_run(run_dir)))
 
@@ -350,20 +350,14 @@ def merge(run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoR
 @app.command(hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(ctx: typer.Context) -> None:
     """Run one job in this process (what every backend starts): --spec FILE [--set k=v] [--run-dir DIR]."""
-    from .worker import main as worker_main
+    from ..worker import main as worker_main
 
     raise typer.Exit(worker_main(list(ctx.args)))
 
 
 # --- commands contributed by other modules (kept light: they import lazily) ------------------------
-for _mod in ("cli_storage", "cli_kubernetes", "cli_kfp", "cli_serve", "cli_data", "cli_train", "cli_sweep"):
-    try:
-        _m = importlib.import_module(f"{__package__}.{_mod}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__package__}.{_mod}":
-            raise
-        continue
-    _m.register(app)
+for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep"):  # one module per command group
+    importlib.import_module(f"{__package__}.{_mod}").register(app)
 
 
 def _quiet_library_notices() -> None:

@@ -30,7 +30,7 @@ def fetch(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Download a model or dataset into DEST (archives are unpacked safely); prints the local path."""
-    from .storage.fetcher import fetch_with_stats
+    from ..storage.fetcher import fetch_with_stats
 
     path, stats = fetch_with_stats(
         uri, dest, revision=revision, sha256=sha256, progress=not quiet,
@@ -50,8 +50,8 @@ def push(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Upload a model or dataset to a bucket or registry (deliver it before training)."""
-    from .errors import SourceError
-    from .storage.pusher import push_with_stats
+    from ..errors import SourceError
+    from ..storage.pusher import push_with_stats
 
     notes = {}
     for item in annotation:
@@ -75,6 +75,6 @@ def _summary(head: str, s: dict, note: str) -> None:
 
 
 def _human(n: float) -> str:
-    from .storage._common import human_bytes
+    from ..storage._common import human_bytes
 
     return human_bytes(n)

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from . import constants as C
+from .. import constants as C
 
 __all__ = ["register"]
 
@@ -39,8 +39,8 @@ def serve(
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass an argument to vLLM unchanged (--engine vllm), e.g. --vllm-arg=--gpu-memory-utilization=0.8."),
 ) -> None:
     """Serve a fine-tuned model with an OpenAI-compatible API (chat, completions, models, health, metrics)."""
-    from .serve.options import make_options, parse_adapter_args
-    from .serve.sources import resolve_sources
+    from ..serve.options import make_options, parse_adapter_args
+    from ..serve.sources import resolve_sources
 
     options = make_options(
         host=host,
@@ -56,18 +56,18 @@ def serve(
     )
     adapters = parse_adapter_args(adapter)
     if options.engine == "vllm":
-        from .serve.vllm import require_vllm
+        from ..serve.vllm import require_vllm
 
         require_vllm()  # before fetching anything: a missing vLLM is the first thing to fix
     if not _loopback(options.host) and not options.api_key:
         typer.echo(f"warning: serving on {options.host} without --api-key: anyone who can reach this port can use the model", err=True)
     plan = resolve_sources(source, adapters, served_model_name=options.served_model_name)
     if options.engine == "vllm":
-        from .serve.vllm import run_vllm
+        from ..serve.vllm import run_vllm
 
         run_vllm(plan, options)
         return
-    from .serve.app import run_server
+    from ..serve.app import run_server
 
     run_server(plan, options)
 
@@ -88,10 +88,10 @@ def render_serve(
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
 ) -> None:
     """Print a vLLM Deployment and Service that serve a job's result on a cluster (pure: talks to no cluster)."""
-    from .backends.kubernetes import render_text
-    from .serve.deploy import render_serve as render_objects
-    from .serve.options import parse_adapter_args
-    from .spec import load_spec
+    from ..backends.kubernetes import render_text
+    from ..serve.deploy import render_serve as render_objects
+    from ..serve.options import parse_adapter_args
+    from ..spec import load_spec
 
     job = load_spec(spec, set_)
     objects = render_objects(

@@ -31,23 +31,23 @@ def render(
     serve: bool = typer.Option(False, "--serve", help="Print the vLLM Deployment and Service that serve the job's result instead (more options: kubetune render-serve)."),
 ) -> None:
     """Print the cluster objects a job runs as, like `helm template` (pure: talks to no cluster)."""
-    from .backends.kubernetes import render as render_objects
-    from .backends.kubernetes import render_text
-    from .errors import BackendError
-    from .spec import load_spec
+    from ..backends.kubernetes import render as render_objects
+    from ..backends.kubernetes import render_text
+    from ..errors import BackendError
+    from ..spec import load_spec
 
     if backend not in _RENDER_BACKENDS:
         raise BackendError(f"render supports --backend {', '.join(_RENDER_BACKENDS)}, not '{backend}'")
     job = load_spec(spec, set_)
     if serve:  # docs/serving.md
-        from .serve.deploy import render_serve
+        from ..serve.deploy import render_serve
 
         if backend != "kubernetes":
             raise BackendError(f"render --serve prints Kubernetes objects; leave out --backend {backend}")
         typer.echo(render_text(render_serve(job, namespace=namespace), output), nl=False)
         return
     if backend == "kfp":  # the compiled pipeline IR YAML (docs/kfp.md)
-        from .backends.kfp import render_pipeline
+        from ..backends.kfp import render_pipeline
 
         typer.echo(render_pipeline(job), nl=False)
         return
@@ -61,7 +61,7 @@ def download(
     context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context."),
 ) -> None:
     """Bring a finished cluster job's outputs back: from its output.uri, or from its PVC through a short-lived pod."""
-    from .backends.base import get_backend
+    from ..backends.base import get_backend
 
     backend = get_backend("kubernetes", namespace=namespace, context=context)
     where = backend.download(job, dest)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import constants as C
-from .sweep_state import Sweep, Trial
+from .. import constants as C
+from .state import Sweep, Trial
 
 __all__ = ["rows", "write_csv", "write_json", "plot_losses", "write_html", "write_reports", "Curves"]
 

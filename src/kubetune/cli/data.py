@@ -34,8 +34,8 @@ def inspect(
     """Show a dataset's format, rows, malformed rows, token lengths and one example with its trained tokens."""
     import json
 
-    from .errors import SpecError
-    from .spec import load_spec
+    from ..errors import SpecError
+    from ..spec import load_spec
 
     dataset: dict = {"source": source, "format": format, "on_bad_rows": on_bad_rows, "train_on_inputs": train_on_inputs, "cache": False}
     if chat_template:
@@ -57,8 +57,8 @@ def inspect(
 
     from transformers import AutoTokenizer
 
-    from .data.inspect import inspect_source, render_text
-    from .worker import materialize
+    from ..data.inspect import inspect_source, render_text
+    from ..worker import materialize
 
     tokenizer = AutoTokenizer.from_pretrained(materialize(job.model.source), trust_remote_code=job.model.trust_remote_code)
     report = inspect_source(job, tokenizer, materialize(job.dataset.source))

@@ -1,0 +1,5 @@
+"""``python -m kubetune.cli``."""
+
+from .main import main
+
+main()
