@@ -174,6 +174,8 @@ COMPONENT_SERVE = "serve"
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings
 DATA_CACHE_KEEP = 16  # prepared datasets kept in the cache (least recently used go first)
+ENV_MAX_ROW_BYTES = "KUBETUNE_MAX_ROW_BYTES"  # most bytes one dataset row may take (a bigger row stops the job)
+DATA_MAX_ROW_BYTES = 16 * 1024 * 1024  # default of the above: one row is read whole, then parsed and tokenized
 
 # --- kubeflow pipelines ---
 ENV_KFP_ENDPOINT = "KF_PIPELINES_ENDPOINT"  # KFP API endpoint (the kfp SDK reads it too)
