@@ -119,7 +119,11 @@ def test_link_chain_refused_through_fetch_leaves_no_trace(tmp_path, monkeypatch,
     with pytest.raises(UnsafeArchive, match="train.jsonl"):
         fetch(arc)  # into the cache
     cache = tmp_path / "home" / C.CACHE_DIR
-    assert not cache.exists() or list(cache.iterdir()) == []
+    assert not cache.exists()  # this fetch made it, and took it away again
+    cache.mkdir()
+    with pytest.raises(UnsafeArchive, match="train.jsonl"):
+        fetch(arc)
+    assert cache.is_dir() and list(cache.iterdir()) == []  # one that was there stays
     dest = tmp_path / "dest" / "sub"
     with pytest.raises(UnsafeArchive, match="train.jsonl"):
         fetch(arc, dest)

@@ -58,6 +58,7 @@ class CacheEntry:
         self.revision = revision
         self.dir = cache_root() / f"{slug}-{_digest(uri, revision or '')[:16]}"
         self.meta_file = self.dir / "meta.json"
+        self._made_root = False  # whether locked() created the cache folder itself
 
     @property
     def lock_file(self) -> Path:
@@ -66,6 +67,7 @@ class CacheEntry:
     @contextlib.contextmanager
     def locked(self) -> Iterator["CacheEntry"]:
         """Hold the entry's lock (other processes fetching the same URI wait)."""
+        self._made_root = not self.dir.parent.exists()
         while True:
             self.dir.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -125,10 +127,11 @@ class CacheEntry:
         except OSError:
             return
         self.lock_file.unlink(missing_ok=True)
-        try:
-            self.dir.parent.rmdir()  # the cache folder itself, when this was its only entry
-        except OSError:
-            pass
+        if self._made_root:
+            try:
+                self.dir.parent.rmdir()  # the cache folder this fetch created, while nothing else is in it
+            except OSError:
+                pass
 
     def commit(self, staging: Path, result: Path, fingerprint: str | None) -> Path:
         """Make ``staging`` the entry's data; ``result`` (inside staging) is what fetch returns."""
