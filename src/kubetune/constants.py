@@ -66,13 +66,17 @@ ENV_REGISTRY_USERNAME = "KUBETUNE_REGISTRY_USERNAME"  # OCI registry user (else 
 ENV_REGISTRY_PASSWORD = "KUBETUNE_REGISTRY_PASSWORD"  # OCI registry password or token
 ENV_REGISTRY_PLAIN_HTTP = "KUBETUNE_REGISTRY_PLAIN_HTTP"  # "1" or comma-separated hosts: talk plain http
 ENV_DOCKER_CONFIG = "DOCKER_CONFIG"  # directory of config.json with registry credentials (docker's own)
-ENV_MAX_UNPACK_BYTES = "KUBETUNE_MAX_UNPACK_BYTES"  # archive bomb guard: most bytes one archive may unpack to
+ENV_MAX_UNPACK_BYTES = "KUBETUNE_MAX_UNPACK_BYTES"  # archive bomb guard: most bytes one archive may unpack to (replaces the default below)
 ENV_MAX_UNPACK_FILES = "KUBETUNE_MAX_UNPACK_FILES"  # archive bomb guard: most members one archive may hold
 ENV_TRANSFER_CONCURRENCY = "KUBETUNE_TRANSFER_CONCURRENCY"  # parallel streams per transfer (default below)
 STORAGE_PART_SUFFIX = ".kubetune-part"  # a download in progress; renamed to its real name once verified
 STORAGE_SYNC_DIR = ".kubetune-sync"  # in the run directory: hard-linked snapshots of checkpoints being uploaded
-STORAGE_MAX_UNPACK_BYTES = 1 << 40  # 1 TiB
-STORAGE_MAX_UNPACK_FILES = 1_000_000
+STORAGE_UNPACK_RATIO = 100  # an archive may unpack to this many times its own (compressed) size by default...
+STORAGE_UNPACK_MIN_BYTES = 64 * 1024 * 1024  # ...or to this many bytes, whichever is more (so tiny archives work)
+STORAGE_MAX_UNPACK_FILES = 100_000  # members one archive may hold by default (models hold tens, datasets hundreds)
+STORAGE_MAX_LINK_TARGET = 4096  # bytes: a symlink target longer than PATH_MAX is refused, not read into memory
+STORAGE_MAX_TAR_HEADER = 1 << 20  # bytes: a tar long-name or pax header bigger than this is refused, not read
+STORAGE_UNPACK_PREFIX = ".kubetune-unpack-"  # private folder inside the destination an archive is unpacked into first
 STORAGE_CONCURRENCY = 10  # parallel requests per transfer
 STORAGE_MULTIPART_THRESHOLD = 16 * 1024 * 1024  # S3: files at least this big go multipart
 STORAGE_MULTIPART_CHUNKSIZE = 16 * 1024 * 1024  # S3: part size
@@ -172,6 +176,8 @@ COMPONENT_SERVE = "serve"
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings
 DATA_CACHE_KEEP = 16  # prepared datasets kept in the cache (least recently used go first)
+ENV_MAX_ROW_BYTES = "KUBETUNE_MAX_ROW_BYTES"  # most bytes one dataset row may take (a bigger row stops the job)
+DATA_MAX_ROW_BYTES = 16 * 1024 * 1024  # default of the above: one row is read whole, then parsed and tokenized
 
 # --- kubeflow pipelines ---
 ENV_KFP_ENDPOINT = "KF_PIPELINES_ENDPOINT"  # KFP API endpoint (the kfp SDK reads it too)

@@ -33,7 +33,8 @@ from .readers import SourceFiles, content_digest, iter_items, list_files, where
 
 __all__ = ["Prepared", "prepare_datasets", "SourceInput", "encode_sources", "choose_template"]
 
-CHUNK_ROWS = 1000  # rows per tokenizer call and per task sent to a worker process
+CHUNK_ROWS = 1000  # rows per tokenizer call and per task sent to a worker process...
+CHUNK_BYTES = 16 << 20  # ...and about this many bytes of row text at most (big rows go a few at a time)
 PARALLEL_MIN_BYTES = 8 << 20  # below this much source data one process is faster than starting a pool
 MAX_PROCS = 8
 BAD_EXAMPLES = 5  # bad rows quoted in the statistics when they are skipped
@@ -362,15 +363,34 @@ def _run_chunk(items: list) -> ChunkResult:
     return _ACTIVE.encode(items)  # type: ignore[union-attr]
 
 
-def _chunked(items: Iterator, n: int) -> Iterator[list]:
+def _chunked(items: Iterator, n: int, max_bytes: int = CHUNK_BYTES) -> Iterator[list]:
+    """Items in lists of ``n``, or fewer once their text passes ``max_bytes`` (memory follows the text)."""
     chunk: list = []
+    size = 0
     for it in items:
         chunk.append(it)
-        if len(chunk) >= n:
+        size += _text_size(it[2])
+        if len(chunk) >= n or size >= max_bytes:
             yield chunk
-            chunk = []
+            chunk, size = [], 0
     if chunk:
         yield chunk
+
+
+def _text_size(payload: Any) -> int:
+    """The characters of a row's text: a raw line's length, or the strings of a parsed row added up."""
+    if isinstance(payload, (bytes, str)):
+        return len(payload)
+    size, stack = 0, [payload]
+    while stack:  # a loop, not recursion: a row may nest as deep as the JSON parser allows
+        obj = stack.pop()
+        if isinstance(obj, (bytes, str)):
+            size += len(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return size
 
 
 @contextlib.contextmanager

@@ -8,6 +8,11 @@ storage fetched into a folder) becomes a stream of *items* ``(file_index, line, 
 
 ``line`` is the 1-based line of the row in a text file, or the 1-based row number in a Parquet/Arrow
 file; :func:`where` formats either as ``file:line`` / ``file[row N]`` for error messages.
+
+No row may be larger than :func:`max_row_bytes` (a row is read whole, then parsed and tokenized, which
+takes many times its size): JSON Lines and CSV are read with a bounded ``readline``, so an oversized row is
+refused before it is held in memory; a JSON array's element and a Parquet/Arrow row are measured before
+they are turned into Python objects.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ import csv
 import gzip
 import io
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from .. import constants as C
 from ..errors import DataError
 
-__all__ = ["SUFFIXES", "SourceFiles", "list_files", "iter_items", "where", "content_digest"]
+__all__ = ["SUFFIXES", "SourceFiles", "list_files", "iter_items", "where", "content_digest", "max_row_bytes"]
 
 # suffix -> reader kind; ".gz" versions of the text kinds are read transparently.
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -114,34 +121,67 @@ def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
 
+def max_row_bytes() -> int:
+    """The most bytes one dataset row may take: ``KUBETUNE_MAX_ROW_BYTES``, else ``DATA_MAX_ROW_BYTES`` (16 MiB).
+
+    Raises:
+        DataError: the variable is set to something other than a positive whole number.
+    """
+    raw = os.environ.get(C.ENV_MAX_ROW_BYTES, "").strip()
+    if not raw:
+        return C.DATA_MAX_ROW_BYTES
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise DataError(f"{C.ENV_MAX_ROW_BYTES}={raw!r} is not a positive whole number",
+                        hint=f"set {C.ENV_MAX_ROW_BYTES} to a number of bytes, e.g. {4 * C.DATA_MAX_ROW_BYTES}, or unset it")
+    return value
+
+
+def _row_too_big(loc: str, limit: int, size: int | None = None) -> DataError:
+    how_big = f"takes {size} bytes, more than" if size is not None else "is longer than"
+    return DataError(
+        f"{loc}: the row {how_big} the limit of {limit} bytes per row ({C.ENV_MAX_ROW_BYTES})",
+        hint=f"if rows this big are meant, raise the limit, e.g. {C.ENV_MAX_ROW_BYTES}={max(limit * 4, (size or 0) + 1)} "
+             "(on a cluster, under kubernetes.env); else remove or split the row",
+    )
+
+
 def iter_items(sf: SourceFiles, offset: int, *, split: str = "train") -> Iterator[tuple[int, int, Any]]:
     """Yield ``(file_index, line, payload)`` for every row of every file (``file_index`` starts at ``offset``).
 
     Raises:
         DataError: a file cannot be read at all (not JSON, bad encoding, unreadable Parquet).
     """
+    limit = max_row_bytes()
     for i, (path, kind) in enumerate(zip(sf.files, sf.kinds)):
         fi = offset + i
         if kind == "jsonl":
-            yield from _jsonl(path, fi)
+            yield from _jsonl(path, fi, limit)
         elif kind == "json":
-            yield from _json(path, fi)
+            yield from _json(path, fi, limit)
         elif kind in ("csv", "tsv"):
-            yield from _csv(path, fi, "\t" if kind == "tsv" else ",")
+            yield from _csv(path, fi, "\t" if kind == "tsv" else ",", limit)
         elif kind == "parquet":
-            yield from _parquet(path, fi)
+            yield from _parquet(path, fi, limit)
         elif kind in ("arrow", "saved"):
-            yield from _arrow(path, fi, kind, split)
+            yield from _arrow(path, fi, kind, split, limit)
 
 
-def _jsonl(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
+def _jsonl(path: Path, fi: int, limit: int) -> Iterator[tuple[int, int, Any]]:
     with _open_binary(path) as f:
-        for n, line in enumerate(f, start=1):
+        n = 0
+        while line := f.readline(limit + 1):  # bounded: an endless line is never read whole
+            n += 1
+            if len(line) > limit and not line.endswith(b"\n"):
+                raise _row_too_big(f"{path}:{n}", limit)
             if line.strip():
                 yield fi, n, line
 
 
-def _json(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
+def _json(path: Path, fi: int, limit: int) -> Iterator[tuple[int, int, Any]]:
     """A JSON array of rows (each row's line is where its object starts), or JSON Lines named .json."""
     with _open_binary(path) as f:
         raw = f.read()
@@ -152,6 +192,8 @@ def _json(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
     body = text.lstrip()
     if not body.startswith("["):
         for n, line in enumerate(text.splitlines(), start=1):  # JSON Lines in a .json file
+            if len(line) > limit:
+                raise _row_too_big(f"{path}:{n}", limit, len(line))
             if line.strip():
                 yield fi, n, line
         return
@@ -175,6 +217,8 @@ def _json(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
             obj, end = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})", hint="fix the file; a JSON array cannot skip a broken element") from None
+        if end - pos > limit:  # measured before the row goes on to be templated and tokenized
+            raise _row_too_big(f"{path}:{line_at(pos)}", limit, end - pos)
         yield fi, line_at(pos), obj
         pos = end
         while pos < n and text[pos] in " \t\r\n":
@@ -188,23 +232,43 @@ def _json(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
             raise DataError(f"{path}:{ln}: invalid JSON: expected ',' or ']' after an array element")
 
 
-def _csv(path: Path, fi: int, delimiter: str) -> Iterator[tuple[int, int, Any]]:
+class _TooBig(Exception):
+    """Raised by the bounded line source of the CSV reader; becomes a DataError naming the row."""
+
+
+def _csv(path: Path, fi: int, delimiter: str, limit: int) -> Iterator[tuple[int, int, Any]]:
+    csv.field_size_limit(max(csv.field_size_limit(), limit))  # a field may be as big as a row; rows are bounded below
+    pending = 0  # characters of the row being read (a quoted field may span lines)
+
+    def lines(f: io.TextIOWrapper) -> Iterator[str]:
+        nonlocal pending
+        while line := f.readline(limit + 1):
+            pending += len(line)
+            if pending > limit + 1 or (pending > limit and not line.endswith("\n")):
+                raise _TooBig
+            yield line
+
     with _open_binary(path) as fb, io.TextIOWrapper(fb, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+        reader = csv.reader(lines(f), delimiter=delimiter)
         try:
             header = next(reader)
         except StopIteration:
             return
         except (csv.Error, UnicodeDecodeError) as e:
             raise DataError(f"{path}:1: cannot read CSV header: {e}") from None
+        except _TooBig:
+            raise _row_too_big(f"{path}:1", limit) from None
         start = reader.line_num + 1
         while True:
+            pending = 0
             try:
                 values = next(reader)
             except StopIteration:
                 return
             except (csv.Error, UnicodeDecodeError) as e:
                 raise DataError(f"{path}:{start}: cannot read CSV: {e}") from None
+            except _TooBig:
+                raise _row_too_big(f"{path}:{start}", limit) from None
             if values and any(v.strip() for v in values):
                 if len(values) != len(header):
                     yield fi, start, _BadRow(f"has {len(values)} fields, the header has {len(header)}")
@@ -222,7 +286,18 @@ class _BadRow:
         self.problem = problem
 
 
-def _parquet(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
+def _check_batch(batch: Any, first_row: int, path: Path, kind: str, limit: int) -> None:
+    """Refuse the first row of an Arrow batch larger than ``limit`` bytes (halving: cheap when none is)."""
+    if batch.nbytes <= limit:
+        return
+    if batch.num_rows == 1:
+        raise _row_too_big(where(str(path), first_row, kind), limit, batch.nbytes)
+    half = batch.num_rows // 2
+    _check_batch(batch.slice(0, half), first_row, path, kind, limit)
+    _check_batch(batch.slice(half), first_row + half, path, kind, limit)
+
+
+def _parquet(path: Path, fi: int, limit: int) -> Iterator[tuple[int, int, Any]]:
     import pyarrow.parquet as pq
 
     try:
@@ -231,12 +306,13 @@ def _parquet(path: Path, fi: int) -> Iterator[tuple[int, int, Any]]:
         raise DataError(f"{path}: not a readable Parquet file: {e}") from None
     n = 0
     for batch in pf.iter_batches(batch_size=4096):
+        _check_batch(batch, n + 1, path, "parquet", limit)
         for row in batch.to_pylist():
             n += 1
             yield fi, n, row
 
 
-def _arrow(path: Path, fi: int, kind: str, split: str) -> Iterator[tuple[int, int, Any]]:
+def _arrow(path: Path, fi: int, kind: str, split: str, limit: int) -> Iterator[tuple[int, int, Any]]:
     import datasets
 
     try:
@@ -254,6 +330,7 @@ def _arrow(path: Path, fi: int, kind: str, split: str) -> Iterator[tuple[int, in
         raise DataError(f"{path}: cannot load the saved dataset: {e}") from None
     n = 0
     for batch in ds.data.to_batches(max_chunksize=4096):
+        _check_batch(batch, n + 1, path, kind, limit)
         for row in batch.to_pylist():
             n += 1
             yield fi, n, row

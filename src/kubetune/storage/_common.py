@@ -229,6 +229,24 @@ def place(src: Path, dest_dir: Path) -> None:
         os.replace(entry, target)
 
 
+def missing_dirs(path: Path) -> list[Path]:
+    """The folders ``path.mkdir(parents=True)`` would create, outermost first (see :func:`remove_empty_dirs`)."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing[::-1]
+
+
+def remove_empty_dirs(made: list[Path]) -> None:
+    """Remove the folders :func:`missing_dirs` listed, innermost first, as long as they are empty."""
+    for d in reversed(made):
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
 def copy_tree(src: Path, dest_dir: Path, stats: "TransferStats | None" = None) -> None:
     """Copy a file or directory into ``dest_dir`` (a directory's contents; a file by its name)."""
     dest_dir.mkdir(parents=True, exist_ok=True)

@@ -58,13 +58,32 @@ class CacheEntry:
         self.revision = revision
         self.dir = cache_root() / f"{slug}-{_digest(uri, revision or '')[:16]}"
         self.meta_file = self.dir / "meta.json"
+        self._made_root = False  # whether locked() created the cache folder itself
+
+    @property
+    def lock_file(self) -> Path:
+        return self.dir.with_name(self.dir.name + ".lock")
 
     @contextlib.contextmanager
     def locked(self) -> Iterator["CacheEntry"]:
         """Hold the entry's lock (other processes fetching the same URI wait)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir.with_name(self.dir.name + ".lock"), "a") as fh:
+        self._made_root = not self.dir.parent.exists()
+        while True:
+            self.dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fh = open(self.lock_file, "a")
+            except FileNotFoundError:  # the cache folder was removed meanwhile (by discard): make it again
+                continue
             fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                current = os.stat(self.lock_file).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            fh.close()  # discard() removed the file we waited on: lock the one that replaced it
+        with fh:
+            self.dir.mkdir(exist_ok=True)
             try:
                 yield self
             finally:
@@ -95,6 +114,24 @@ class CacheEntry:
         path = self.dir / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def discard(self, staging: Path) -> None:
+        """Forget a failed fill (under the lock): remove ``staging``, and the entry itself when it holds nothing else.
+
+        An entry this fetch created goes entirely (its folder and its lock file), so a refused archive leaves the
+        cache as it was; processes waiting on the removed lock file notice and lock its successor.
+        """
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            self.dir.rmdir()  # only when empty: nothing committed, no other fill's staging
+        except OSError:
+            return
+        self.lock_file.unlink(missing_ok=True)
+        if self._made_root:
+            try:
+                self.dir.parent.rmdir()  # the cache folder this fetch created, while nothing else is in it
+            except OSError:
+                pass
 
     def commit(self, staging: Path, result: Path, fingerprint: str | None) -> Path:
         """Make ``staging`` the entry's data; ``result`` (inside staging) is what fetch returns."""

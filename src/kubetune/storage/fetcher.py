@@ -17,14 +17,13 @@ from urllib.parse import urlsplit
 from .. import constants as C
 from ..errors import SourceError
 from . import archive
-from ._common import Progress, TransferStats, copy_tree, file_digest, log, place
+from ._common import Progress, TransferStats, copy_tree, file_digest, log, missing_dirs, remove_empty_dirs
 from .cache import CacheEntry
 from .uri import Location, archive_kind, parse_uri
 
 __all__ = ["fetch_with_stats"]
 
 _DOWNLOAD_DIR = ".kubetune-download"
-_UNPACK_DIR = ".kubetune-unpack"
 
 
 def fetch_with_stats(
@@ -105,7 +104,11 @@ def _fetch_local(loc: Location, dest: Path | None, stats: TransferStats, *, sha2
             stats.cached = True
             return hit
         staging = entry.staging("local")
-        result = _unpack_into(path, staging / "content", loc)
+        try:
+            result = _unpack_into(path, staging / "content", loc)
+        except BaseException:
+            entry.discard(staging)  # nothing to resume: a refused archive leaves the cache as it was
+            raise
         return entry.commit(staging, result, "local")
 
 
@@ -158,10 +161,19 @@ def _fetch_remote(loc: Location, dest: Path | None, stats: TransferStats, bar: P
                 log.info("%s: cache hit (%s)", loc.safe, hit)
                 return hit
             staging = entry.staging(fingerprint)
-            result = _materialize(loc, remote, staging, stats, bar, sha256)
+            try:
+                result = _materialize(loc, remote, staging, stats, bar, sha256)
+            except archive.ArchiveError:
+                entry.discard(staging)  # a refused archive is not resumed: the cache stays as it was
+                raise
             return entry.commit(staging, result, fingerprint)
+    made = missing_dirs(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    return _materialize(loc, remote, dest, stats, bar, sha256)
+    try:
+        return _materialize(loc, remote, dest, stats, bar, sha256)
+    except archive.ArchiveError:
+        remove_empty_dirs(made)  # a refused archive leaves no trace: dest stays as it was
+        raise
 
 
 def _materialize(loc: Location, remote, into: Path, stats: TransferStats, bar: Progress, sha256: str | None) -> Path:
@@ -179,7 +191,11 @@ def _materialize(loc: Location, remote, into: Path, stats: TransferStats, bar: P
             moved.parent.mkdir(parents=True, exist_ok=True)
             result.replace(moved)
             result = moved
-        out = _unpack_into(result, into, loc)
+        try:
+            out = _unpack_into(result, into, loc)
+        except archive.ArchiveError:
+            shutil.rmtree(into / _DOWNLOAD_DIR, ignore_errors=True)  # refused: nothing of it is kept
+            raise
         shutil.rmtree(into / _DOWNLOAD_DIR, ignore_errors=True)
         return out
     return result
@@ -194,18 +210,13 @@ def _names_single_archive(loc: Location, remote) -> bool:
 
 
 def _unpack_into(archive_file: Path, dest: Path, loc: Location) -> Path:
-    """Unpack into a scratch folder inside ``dest``, then move the members into place.
+    """Unpack safely into ``dest`` (all or nothing: a refused archive leaves ``dest`` as it was).
 
     Returns ``dest``, or the one folder the archive holds when it holds exactly one (``model/``).
     """
-    scratch = dest / _UNPACK_DIR
-    shutil.rmtree(scratch, ignore_errors=True)
-    archive.unpack(archive_file, scratch, label=loc.uri)
-    entries = list(scratch.iterdir())
-    place(scratch, dest)
-    scratch.rmdir()
-    if len(entries) == 1 and (dest / entries[0].name).is_dir() and not (dest / entries[0].name).is_symlink():
-        return dest / entries[0].name
+    names = archive.unpack_members(archive_file, dest, label=loc.uri)
+    if len(names) == 1 and (dest / names[0]).is_dir() and not (dest / names[0]).is_symlink():
+        return dest / names[0]
     return dest
 
 

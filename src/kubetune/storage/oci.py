@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from .. import constants as C
 from ..errors import SourceError
 from . import web
 from ._common import Progress, Transient, TransferStats, concurrency, file_digest, safe_relpath, with_retries
-from .archive import unpack
+from .archive import ArchiveError, merge_into, unpack
 from .registry import Registry
 from .uri import Location, scrub
 
@@ -157,8 +158,12 @@ def _pull_artifact(reg, loc, art, layers, target_dir, stats, progress) -> Path:
             return target_dir / rel
         return _blob(reg, loc, art, layer, target_dir / rel, stats, progress)
 
-    with cf.ThreadPoolExecutor(max_workers=concurrency(), thread_name_prefix="kubetune-oci") as pool:
-        results = list(pool.map(one, layers))
+    try:
+        with cf.ThreadPoolExecutor(max_workers=concurrency(), thread_name_prefix="kubetune-oci") as pool:
+            results = list(pool.map(one, layers))
+    except ArchiveError:
+        shutil.rmtree(blobs, ignore_errors=True)  # a refused layer is not kept for a resume
+        raise
     if blobs.exists():
         blobs.rmdir()
     if len(layers) == 1 and results[0].is_file():
@@ -196,9 +201,7 @@ def _pull_image_data(reg, loc, art, target_dir, stats, progress) -> Path:
                 hint=f"build data images with your files copied to /{C.OCI_DATA_DIR} (Kaito's convention), or push files with `kubetune push`",
             )
         target_dir.mkdir(parents=True, exist_ok=True)
-        from ._common import place
-
-        place(staging, target_dir)
+        merge_into(staging, target_dir, label=loc.safe)  # links of the image must not combine with what is there
     return target_dir
 
 
@@ -209,8 +212,6 @@ def _norm(name: str) -> str:
 
 
 def _remove_inside(root: Path, victim: Path, *, opaque: bool) -> None:
-    import shutil
-
     real_root, real = os.path.realpath(root), os.path.realpath(victim)
     if not (real == real_root or real.startswith(real_root + os.sep)):
         return
