@@ -69,11 +69,12 @@ class Client:
                 raise BackendError(f"job {ref.id} still {st.state} after {timeout:.0f}s")
             time.sleep(poll)
 
+    def resolve(self, key: str) -> JobRef:
+        """The job named by ``key``: its id, its name (the newest submission) or its run directory."""
+        return self.backend.resolve(key)
+
     def _ref(self, ref: JobRef | str) -> JobRef:
-        if isinstance(ref, JobRef):
-            return ref
-        resolve = getattr(self.backend, "resolve", None)
-        return resolve(ref) if resolve else JobRef(id=str(ref), backend=self.backend.name)
+        return ref if isinstance(ref, JobRef) else self.backend.resolve(str(ref))
 
 
 def train(

@@ -32,19 +32,54 @@ class JobRef:
 
 @runtime_checkable
 class Backend(Protocol):
+    """Where a job runs. Every backend implements exactly this, and :class:`kubetune.Client` uses nothing else.
+
+    Methods take a :class:`JobRef` (the Client turns ids, names and run directories into one with
+    :meth:`resolve`). A backend wraps third-party errors in :class:`kubetune.errors.BackendError`.
+    """
+
     name: str
 
-    def submit(self, job: TuneJob) -> JobRef: ...
+    def submit(self, job: TuneJob) -> JobRef:
+        """Start ``job`` and return its reference at once (the job runs on without the caller).
 
-    def status(self, ref: JobRef) -> JobStatus: ...
+        Raises:
+            BackendError: it could not be started (the run directory is in use, the cluster refused it, ...).
+        """
+        ...
 
-    def events(self, ref: JobRef) -> list[dict]: ...
+    def status(self, ref: JobRef) -> JobStatus:
+        """The job's state, stage and progress now.
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]: ...
+        Raises:
+            JobNotFound: no such job.
+        """
+        ...
 
-    def cancel(self, ref: JobRef) -> None: ...
+    def events(self, ref: JobRef) -> list[dict]:
+        """Every event the job has recorded so far (see :func:`kubetune.events.make_event`), oldest first."""
+        ...
 
-    def list(self) -> list[JobRef]: ...
+    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
+        """The worker's log lines; with ``follow``, keep yielding until the job ends."""
+        ...
+
+    def cancel(self, ref: JobRef) -> None:
+        """Stop the job and everything it started; its state becomes ``cancelled`` (a finished job stays as it is)."""
+        ...
+
+    def list(self) -> list[JobRef]:
+        """The jobs this backend knows, newest first."""
+        ...
+
+    def resolve(self, key: str) -> JobRef:
+        """The job named by ``key``: a job id, a job name (its newest submission) or, where the backend keeps one,
+        a run directory.
+
+        Raises:
+            JobNotFound: nothing matches ``key``.
+        """
+        ...
 
 
 def _local(**kw):
@@ -56,6 +91,7 @@ def _local(**kw):
 # name -> factory; backends register here (imports stay lazy).
 BACKENDS = {"local": _local, "kubernetes": lambda **kw: __import__("kubetune.backends.kubernetes.backend", fromlist=["_"]).KubernetesBackend(**kw)}
 BACKENDS["kfp"] = lambda **kw: __import__("kubetune.backends.kfp", fromlist=["_"]).KfpBackend(**kw)  # Kubeflow Pipelines
+BACKENDS["fake"] = lambda **kw: __import__("kubetune.backends.fake", fromlist=["_"]).FakeBackend(**kw)  # in memory: tests, dry runs
 
 
 def get_backend(name: str, **kwargs) -> Backend:

@@ -119,7 +119,7 @@ class KubernetesBackend:
             raise
         return JobRef(id=job.name, backend=self.name, name=job.name, extra={"namespace": ns, "flavor": flavor, "run_id": run_id})
 
-    def status(self, ref: JobRef | str) -> JobStatus:
+    def status(self, ref: JobRef) -> JobStatus:
         """State from the workload's conditions, progress from the worker's events, reason from the pods."""
         ref = self._ref(ref)
         ns, flavor = ref.extra["namespace"], ref.extra["flavor"]
@@ -159,11 +159,11 @@ class KubernetesBackend:
             st.reason = reason
         return st
 
-    def events(self, ref: JobRef | str) -> list[dict]:
+    def events(self, ref: JobRef) -> list[dict]:
         """The worker's events, parsed from the rank-0 pod's log."""
         return self._events_and_pods(self._ref(ref))[0]
 
-    def logs(self, ref: JobRef | str, follow: bool = False) -> Iterator[str]:
+    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
         """The rank-0 pod's log: its init containers' (prefixed ``[name]``) then the worker's.
 
         With ``follow``, waits for the worker to start and streams until it ends.
@@ -171,7 +171,7 @@ class KubernetesBackend:
         ref = self._ref(ref)
         return self._follow_logs(ref) if follow else iter(self._all_logs(ref))
 
-    def cancel(self, ref: JobRef | str) -> None:
+    def cancel(self, ref: JobRef) -> None:
         """Mark the workload cancelled, then delete it with its pods, ConfigMap and Service (a PVC stays)."""
         ref = self._ref(ref)
         ns, flavor = ref.extra["namespace"], ref.extra["flavor"]
@@ -197,10 +197,10 @@ class KubernetesBackend:
         found.sort(key=lambda o: o["metadata"].get("creationTimestamp") or "", reverse=True)
         return [self._ref_of(o, ns) for o in found]
 
-    def resolve(self, job_id: str) -> JobRef:
+    def resolve(self, key: str) -> JobRef:
         """The JobRef of a job name (``flavor/name`` picks a flavour when one name has several)."""
         ns = self.namespace
-        flavor, _, name = job_id.rpartition("/")
+        flavor, _, name = key.rpartition("/")
         objs = [o for o in self._workloads(ns, f"{C.LABEL_JOB}={name}") if not flavor or _KIND_FLAVOR[o["kind"]] == flavor]
         objs = [o for o in objs if o["metadata"]["name"] == name]
         if not objs:
