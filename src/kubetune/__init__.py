@@ -10,7 +10,7 @@ from .client import Client, JobRef, train
 from .errors import KubetuneError, SpecError
 from .spec import TuneJob, load_spec
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Client",

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any, Iterator
 
-from .backends.base import JobRef, get_backend
+from .backends import JobRef, get_backend
 from .errors import BackendError
 from .events import JobStatus
 from .spec import TuneJob, load_spec

@@ -20,11 +20,11 @@ from typing import Any
 
 from . import constants as C
 from . import distributed
-from .errors import BackendError, KubetuneError, SourceError
+from .errors import BackendError, KubetuneError
 from .events import RunDir, RunLock, disk_error_reason, make_event
 from .spec import TuneJob, dump_spec, load_spec
 
-__all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "materialize", "prepare_data", "publish", "main"]
+__all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "prepare_data", "publish", "main"]
 
 log = logging.getLogger("kubetune.worker")
 
@@ -230,31 +230,15 @@ def _install_signal_handlers(run: RunDir | None) -> None:
 
 
 # --- stages ----------------------------------------------------------------------------------
-def materialize(uri: str) -> Path:
-    """A model or dataset URI as a local path (builtin models are generated, remote ones fetched)."""
-    if uri.startswith(f"{C.BUILTIN_SCHEME}://"):
-        from .training.builtin import materialize as builtin
-
-        return builtin(uri.split("://", 1)[1].strip("/"))
-    if "://" not in uri or uri.startswith("file://"):
-        p = Path(uri.removeprefix("file://")).expanduser()
-        if not p.exists():
-            raise SourceError(f"{uri}: no such file or directory", hint="check the path (relative paths resolve against the current directory, then the spec's)")
-        return p
-    from . import storage
-
-    return storage.fetch(uri)
-
-
 def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
-    """Fetch the model and datasets; returns local paths under keys model, dataset, eval_dataset."""
-    model_uri = job.model.source
-    if job.model.revision and model_uri.startswith("hf://") and "@" not in model_uri:
-        model_uri = f"{model_uri}@{job.model.revision}"
+    """Fetch the model and datasets (:func:`kubetune.storage.fetch`); returns local paths under keys model,
+    dataset, eval_dataset. ``model.revision`` wins over an ``@REV`` in the model's URI."""
+    from .storage import fetch
+
     return {
-        "model": materialize(model_uri),
-        "dataset": materialize(job.dataset.source),
-        "eval_dataset": materialize(job.dataset.eval_source) if job.dataset.eval_source else None,
+        "model": fetch(job.model.source, revision=job.model.revision),
+        "dataset": fetch(job.dataset.source),
+        "eval_dataset": fetch(job.dataset.eval_source) if job.dataset.eval_source else None,
     }
 
 

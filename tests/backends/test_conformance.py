@@ -13,7 +13,7 @@ import pytest
 
 from kubetune import Client
 from kubetune import constants as C
-from kubetune.backends.base import BACKENDS, Backend, JobRef, get_backend
+from kubetune.backends import BACKENDS, Backend, JobRef, get_backend
 from kubetune.errors import JobNotFound
 from kubetune.events import JobStatus
 from kubetune.spec import load_spec

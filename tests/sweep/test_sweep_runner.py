@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kubetune import constants as C
-from kubetune.backends.base import BACKENDS
+from kubetune.backends import BACKENDS
 from kubetune.errors import BackendError, SpecError
 from kubetune.spec import load_spec
 from kubetune.sweep.run import load_sweep, run_sweep

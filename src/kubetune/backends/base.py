@@ -8,7 +8,7 @@ from typing import Iterator, Protocol, runtime_checkable
 from ..events import JobStatus
 from ..spec import TuneJob
 
-__all__ = ["Backend", "JobRef", "get_backend", "BACKENDS"]
+__all__ = ["Backend", "JobRef"]
 
 
 @dataclass(frozen=True)
@@ -80,26 +80,3 @@ class Backend(Protocol):
             JobNotFound: nothing matches ``key``.
         """
         ...
-
-
-def _local(**kw):
-    from .local import LocalBackend
-
-    return LocalBackend(**kw)
-
-
-# name -> factory; backends register here (imports stay lazy).
-BACKENDS = {"local": _local, "kubernetes": lambda **kw: __import__("kubetune.backends.kubernetes.backend", fromlist=["_"]).KubernetesBackend(**kw)}
-BACKENDS["kfp"] = lambda **kw: __import__("kubetune.backends.kfp", fromlist=["_"]).KfpBackend(**kw)  # Kubeflow Pipelines
-BACKENDS["fake"] = lambda **kw: __import__("kubetune.backends.fake", fromlist=["_"]).FakeBackend(**kw)  # in memory: tests, dry runs
-
-
-def get_backend(name: str, **kwargs) -> Backend:
-    """The backend called ``name`` (local, kubernetes, kfp)."""
-    from ..errors import BackendError
-
-    try:
-        factory = BACKENDS[name]
-    except KeyError:
-        raise BackendError(f"unknown backend '{name}'; available: {', '.join(BACKENDS)}") from None
-    return factory(**kwargs)

@@ -61,7 +61,7 @@ def download(
     context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context."),
 ) -> None:
     """Bring a finished cluster job's outputs back: from its output.uri, or from its PVC through a short-lived pod."""
-    from ..backends.base import get_backend
+    from ..backends import get_backend
 
     backend = get_backend("kubernetes", namespace=namespace, context=context)
     where = backend.download(job, dest)

@@ -14,8 +14,32 @@ import typer
 __all__ = ["register"]
 
 
+class RichTransferBar:
+    """A transfer's progress as a rich bar on stderr (what ``--progress`` shows in a terminal)."""
+
+    def __init__(self, label: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                             TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+        self._bar.start()
+        self._task = self._bar.add_task(label, total=0)
+
+    def update(self, done: int, total: int) -> None:
+        """Show ``done`` of ``total`` bytes."""
+        self._bar.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        """Stop the bar."""
+        self._bar.stop()
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``fetch`` and ``push`` to the main ``kubetune`` app."""
+    """Add ``fetch`` and ``push`` to the main ``kubetune`` app; transfers in this process show rich bars."""
+    from ..storage._common import set_progress_display
+
+    set_progress_display(RichTransferBar)
     app.command("fetch")(fetch)
     app.command("push")(push)
 

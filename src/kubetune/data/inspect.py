@@ -17,7 +17,7 @@ from ..spec import TuneJob
 from .encode import IGNORE, STATUS
 from .readers import list_files, where
 
-__all__ = ["inspect_source", "render_text"]
+__all__ = ["inspect_source"]
 
 HISTOGRAM_BINS = 10
 
@@ -135,54 +135,3 @@ def _segments(tokenizer: Any, ids: list[int], labels: list[int]) -> list[dict]:
     if run:
         segs.append({"text": tokenizer.decode(run), "trained": bool(trained)})
     return segs
-
-
-def render_text(report: dict) -> Any:
-    """The report as rich renderables for a terminal (trained tokens highlighted in the example)."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    parts: list[Any] = []
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold")
-    head.add_column()
-    tok = report["tokens"]
-    rows = [
-        ("source", str(report["source"])),
-        ("format", f"{report['format']} ({report['files']} file{'s' if report['files'] != 1 else ''})"),
-        ("rows", f"{report['rows']} usable, {report['bad_rows']} malformed"),
-        ("chat template", f"{report['chat_template'] or '-'} (answers end with {report['end_of_turn']})"),
-        ("tokens per row", f"min {tok['min']}  p50 {tok['p50']}  mean {tok['mean']}  p90 {tok['p90']}  p99 {tok['p99']}  max {tok['max']}"),
-        ("tokens", f"{tok['total']} in all, {report['trained_tokens']} trained"),
-        (
-            "over max length",
-            f"{report['over_max_length']} rows over {report['max_seq_length']} tokens (length_handling: {report['length_handling']})",
-        ),
-    ]
-    if report["nothing_trained"]:
-        rows.append(("nothing trained", f"{report['nothing_trained']} rows lose every trained token when cut"))
-    if report["empty_answers"]:
-        rows.append(("empty answers", f"{report['empty_answers']} rows (only the end-of-turn token is trained)"))
-    for k, v in rows:
-        head.add_row(k, v)
-    parts.append(head)
-    for ex in report["bad_examples"]:
-        parts.append(Text(f"  malformed: {ex}", style="yellow"))
-    for note in report["notes"]:
-        parts.append(Text(f"  note: {note}", style="yellow"))
-    if report["histogram"]:
-        parts.append(Text("\ntoken lengths", style="bold"))
-        peak = max(b["rows"] for b in report["histogram"]) or 1
-        for b in report["histogram"]:
-            bar = "█" * max(1 if b["rows"] else 0, round(30 * b["rows"] / peak))
-            over = b["from"] >= report["max_seq_length"]
-            parts.append(Text.assemble((f"  {b['from']:>6}-{b['to']:<6} ", ""), (bar, "red" if over else "cyan"), f" {b['rows']}"))
-    ex = report.get("example")
-    if ex:
-        parts.append(Text.assemble(("\nexample ", "bold"), (ex["where"], "dim"), (" (trained tokens in green)", "dim")))
-        body = Text()
-        for seg in ex["segments"]:
-            body.append(seg["text"], style="bold green" if seg["trained"] else "dim")
-        parts.append(body)
-    return Group(*parts)

@@ -187,9 +187,9 @@ def _source_inputs(job: TuneJob, source: Path, mix_sources: list[Path] | None) -
     ds = job.dataset
     inputs = [SourceInput(Path(source), ds.source, ds.format, dict(ds.columns), ds.split, ds.weight)]
     if ds.mix and mix_sources is None:
-        from ..worker import materialize  # the same fetching as dataset.source (local, hf://, s3://, ...)
+        from ..storage import fetch  # the same fetching as dataset.source (local, hf://, s3://, ...)
 
-        mix_sources = [materialize(m.source) for m in ds.mix]
+        mix_sources = [fetch(m.source) for m in ds.mix]
     for m, path in zip(ds.mix, mix_sources or []):
         inputs.append(SourceInput(Path(path), m.source, m.format, dict(m.columns), m.split, m.weight))
     return inputs

@@ -543,6 +543,6 @@ def _url_host(host: str) -> str:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__

@@ -347,6 +347,6 @@ def _probe(*, period: int, failures: int) -> dict:
 
 
 def _kubetune_image() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"{C.K8S_IMAGE_REPO}:{__version__}"

@@ -64,7 +64,7 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
     trust = False
     if (path / C.SPEC_FILE).is_file():  # a run directory
         from ..spec import load_spec
-        from ..worker import materialize
+        from ..storage import fetch
 
         job = load_spec(path / C.SPEC_FILE)
         trust = job.model.trust_remote_code
@@ -75,7 +75,7 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
         elif (path / C.ADAPTER_DIR / "adapter_config.json").is_file():
             from peft import PeftModel
 
-            base_dir = materialize(job.model.source)
+            base_dir = fetch(job.model.source, revision=job.model.revision)
             base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, trust_remote_code=trust)
             model = PeftModel.from_pretrained(base, path / C.ADAPTER_DIR).eval()
             tok = AutoTokenizer.from_pretrained(path / C.ADAPTER_DIR)
@@ -83,9 +83,9 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
         else:
             raise SourceError(f"{source}: the run has no trained model yet (no merged/, model/ or adapter/)", hint="kubetune status shows whether it finished")
     elif not path.exists():
-        from ..worker import materialize
+        from ..storage import fetch
 
-        path = materialize(str(source))
+        path = fetch(str(source))
     if not (path / "config.json").is_file():
         raise SourceError(f"{source}: not a model directory (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust).eval()

@@ -128,9 +128,9 @@ def _resolve_main(source: str, served: str | None) -> ServePlan:
     if not path.exists():
         if "://" not in source:
             raise SourceError(f"{source}: no such run directory, model directory or URI", hint="pass a run directory (runs/NAME), a model directory, or a URI such as hf://org/name")
-        from ..worker import materialize
+        from ..storage import fetch
 
-        path = materialize(source)
+        path = fetch(source)
     if (path / C.SPEC_FILE).is_file():
         return _from_run(source, path, served)
     if (path / "config.json").is_file():
@@ -156,10 +156,9 @@ def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
             f"{source}: the run has no trained model yet (no {C.MERGED_DIR}/, {C.MODEL_DIR}/ or {C.ADAPTER_DIR}/)",
             hint="kubetune status shows whether it finished",
         )
-    from ..worker import materialize
+    from ..storage import fetch
 
-    base_uri = _with_revision(job.model.source, job.model.revision)
-    base_dir = materialize(base_uri)
+    base_dir = fetch(job.model.source, revision=job.model.revision)
     adapter = _adapter(name, run / C.ADAPTER_DIR, source, base_model=job.model.source)
     return ServePlan(
         source=source,
@@ -176,21 +175,15 @@ def _plan(source: str, model_dir: Path, name: str, *, trust: bool = False, base_
     return ServePlan(source=source, model_dir=model_dir, model_name=name, default_model=name, base_uri=base_uri, trust_remote_code=trust)
 
 
-def _with_revision(uri: str, revision: str | None) -> str:
-    if revision and uri.startswith("hf://") and "@" not in uri:
-        return f"{uri}@{revision}"
-    return uri
-
-
 # --- --adapter NAME=URI --------------------------------------------------------------------------
 def _resolve_adapter(name: str, uri: str) -> ServedAdapter:
     path = Path(uri).expanduser()
     if not path.exists():
         if "://" not in uri:
             raise SourceError(f"--adapter {name}={uri}: no such directory", hint="pass a run directory, an adapter directory or a URI (s3://, oci://, hf://)")
-        from ..worker import materialize
+        from ..storage import fetch
 
-        path = materialize(uri)
+        path = fetch(uri)
     base_model = None
     if (path / C.SPEC_FILE).is_file() and (path / C.ADAPTER_DIR).is_dir():
         from ..spec import load_spec

@@ -7,11 +7,12 @@ import logging
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Protocol, TypeVar
 
 from .. import constants as C
 
@@ -64,8 +65,47 @@ class TransferStats:
         }
 
 
+class ProgressDisplay(Protocol):
+    """What shows a transfer's progress; the CLI installs a rich bar (:func:`set_progress_display`)."""
+
+    def update(self, done: int, total: int) -> None:
+        """Bytes moved so far of ``total`` expected."""
+
+    def close(self) -> None:
+        """The transfer ended."""
+
+
+class _TextDisplay:
+    """The display without a front end: a plain line on stderr at most every few seconds, and one at the end."""
+
+    def __init__(self, label: str, every: float = 5.0) -> None:
+        self.label, self.every, self._last, self._done, self._total = label, every, 0.0, 0, 0
+
+    def update(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        if time.monotonic() - self._last >= self.every:
+            self._print()
+
+    def close(self) -> None:
+        self._print()
+
+    def _print(self) -> None:
+        self._last = time.monotonic()
+        total = f" of {self._total / 2**20:.1f} MiB" if self._total else ""
+        print(f"{self.label}: {self._done / 2**20:.1f} MiB{total}", file=sys.stderr, flush=True)
+
+
+_display_factory: Callable[[str], ProgressDisplay] = _TextDisplay
+
+
+def set_progress_display(factory: Callable[[str], ProgressDisplay]) -> None:
+    """Make ``factory(label)`` the display of every transfer asked to show progress (the CLI's rich bar)."""
+    global _display_factory
+    _display_factory = factory
+
+
 class Progress:
-    """Thread-safe byte counter with an optional rich progress bar on stderr.
+    """Thread-safe byte counter with an optional progress display (see :func:`set_progress_display`).
 
     Transports call :meth:`expect` with the bytes they plan to move and :meth:`advance` as bytes
     arrive (from many threads). Retried bytes are counted again: the bar shows work done.
@@ -73,46 +113,29 @@ class Progress:
 
     def __init__(self, label: str, *, enabled: bool) -> None:
         self._lock = threading.Lock()
-        self._bar = None
-        self._task = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress as RichProgress,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            self._bar = RichProgress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(label, total=0)
+        self._display = _display_factory(label) if enabled else None
+        self._done = 0
+        self._total = 0
 
     def expect(self, nbytes: int) -> None:
-        if self._bar is not None and nbytes:
+        """Add ``nbytes`` to the bytes this transfer plans to move."""
+        if self._display is not None and nbytes:
             with self._lock:
-                total = (self._bar.tasks[0].total or 0) + nbytes
-                self._bar.update(self._task, total=total)
+                self._total += nbytes
+                self._display.update(self._done, self._total)
 
     def advance(self, nbytes: int) -> None:
-        if self._bar is not None and nbytes:
+        """Count ``nbytes`` moved."""
+        if self._display is not None and nbytes:
             with self._lock:
-                self._bar.advance(self._task, nbytes)
+                self._done += nbytes
+                self._display.update(self._done, self._total)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        """End the display (idempotent)."""
+        if self._display is not None:
+            self._display.close()
+            self._display = None
 
     def __enter__(self) -> "Progress":
         return self

@@ -12,25 +12,21 @@ skipped, so a rerun resumes.
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from .. import constants as C
 from ..errors import SourceError
 from ._common import Progress, TransferStats, concurrency, log, part_path, safe_relpath
+from .s3_client import client, endpoint_url
 from .s3_download import download_objects
 from .uri import Location, scrub
 
 __all__ = ["S3Object", "Listing", "probe", "download", "upload_files", "list_objects", "delete_prefix", "client"]
 
-_clients: dict[tuple, Any] = {}
-_clients_lock = threading.Lock()
 _reachable: set[str] = set()
 _MiB = 1024 * 1024
 
@@ -63,37 +59,6 @@ class Listing:
     @property
     def size(self) -> int:
         return sum(o.size for o in self.objects)
-
-
-# --- client ----------------------------------------------------------------------------------
-def endpoint_url() -> str | None:
-    return os.environ.get(C.ENV_AWS_ENDPOINT_URL_S3) or os.environ.get(C.ENV_AWS_ENDPOINT_URL) or None
-
-
-def client():
-    """A boto3 S3 client for the current environment (cached per endpoint, region and credentials source)."""
-    import boto3
-    from botocore.config import Config
-
-    endpoint = endpoint_url()
-    key = (endpoint, os.getpid(), os.environ.get("AWS_PROFILE"), os.environ.get("AWS_ACCESS_KEY_ID"),
-           hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest(),
-           os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"), concurrency())
-    with _clients_lock:
-        if key not in _clients:
-            session = boto3.session.Session()
-            config = Config(
-                retries={"max_attempts": C.STORAGE_RETRY_ATTEMPTS, "mode": "standard"},
-                max_pool_connections=concurrency() + 4,
-                connect_timeout=10,
-                read_timeout=120,
-                s3={"addressing_style": "path"} if endpoint else None,
-                user_agent_extra="kubetune",
-            )
-            _clients[key] = session.client(
-                "s3", endpoint_url=endpoint, region_name=session.region_name or "us-east-1", config=config
-            )
-        return _clients[key]
 
 
 def _check_endpoint(loc: Location) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .. import constants as C
 from ._common import Progress, Transient, TransferStats, concurrency, part_path, with_retries
+from .s3_client import client
 from .s3_integrity import etag_not_md5, intact, part_size_candidates
 
 __all__ = ["download_objects"]
@@ -47,8 +48,6 @@ def download_objects(bucket: str, objects: list, target_dir: Path, stats: Transf
     Raises:
         botocore errors for requests that failed after botocore's retries (the caller maps them).
     """
-    from . import s3
-
     plans = [_plan(bucket, o, target_dir) for o in objects]
     bad: list = []
     lock = threading.Lock()
@@ -59,7 +58,7 @@ def download_objects(bucket: str, objects: list, target_dir: Path, stats: Transf
     tasks = [(p, i) for p in plans for i in range(len(p.ranges))]
 
     def run(p: _Plan, i: int) -> None:
-        p.digests[i] = _fetch_range(s3.client(), bucket, p, i, stats, progress)
+        p.digests[i] = _fetch_range(client(), bucket, p, i, stats, progress)
         with lock:
             p.left -= 1
             last = p.left == 0

@@ -13,6 +13,7 @@ from typing import Iterable
 
 from .. import constants as C
 from ._common import log
+from .s3_client import client
 
 __all__ = ["intact", "etag_not_md5", "part_size_candidates"]
 
@@ -20,8 +21,6 @@ _MiB = 1024 * 1024
 
 
 def _head(Bucket: str, Key: str) -> dict:
-    from .s3 import client
-
     return client().head_object(Bucket=Bucket, Key=Key)
 
 

@@ -42,10 +42,10 @@ def merge_run(run_dir: str | os.PathLike, *, base_model: str | os.PathLike | Non
         raise TrainError(f"{run_dir}: no adapter to merge (adapter/adapter_config.json is missing)", hint=hint)
     if base_model is None or trust_remote_code is None:
         from ..spec import load_spec
-        from ..worker import materialize
+        from ..storage import fetch
 
         job = load_spec(run_dir / C.SPEC_FILE)
-        base_model = base_model or materialize(job.model.source)
+        base_model = base_model or fetch(job.model.source, revision=job.model.revision)
         trust_remote_code = job.model.trust_remote_code if trust_remote_code is None else trust_remote_code
     return merge_adapter(base_model, adapter, run_dir / C.MERGED_DIR, trust_remote_code=bool(trust_remote_code))
 

@@ -17,7 +17,7 @@ import yaml
 
 from kubetune import Client
 from kubetune import constants as C
-from kubetune.backends.base import get_backend
+from kubetune.backends import get_backend
 from kubetune.errors import BackendError, JobNotFound
 from kubetune.events import event_line, make_event
 from kubetune.spec import load_spec

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kubetune import constants as C
-from kubetune.backends.base import get_backend
+from kubetune.backends import get_backend
 from kubetune.backends.kubernetes import render
 from kubetune.spec import load_spec
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubetune import constants as C
-from kubetune.backends.base import get_backend
+from kubetune.backends import get_backend
 from kubetune.backends.kubernetes import render, stage_inputs
 from kubetune.spec import load_spec
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from kfp import compiler, dsl
 
-from ... import __version__
+from ..._version import __version__
 from ... import constants as C
 from ...errors import BackendError, SpecError
 from ...spec import TuneJob, spec_to_dict

@@ -7,7 +7,8 @@ Importing this package is cheap: the ``kubernetes`` client loads on the first ca
 from __future__ import annotations
 
 from .render import FLAVORS, WORKLOAD_KINDS, cluster_spec, render, render_text
-from .staging import stage_inputs, staged_uri
+from .staging import staged_uri
+from .uploads import stage_inputs
 
 __all__ = [
     "FLAVORS",

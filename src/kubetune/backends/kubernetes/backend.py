@@ -20,7 +20,7 @@ from ..base import JobRef
 from . import api as A
 from .diagnose import diagnose, rank0_pod, trainer_progress, workload_state
 from .render import WORKLOAD_KINDS, render
-from .staging import stage_inputs
+from .uploads import stage_inputs
 
 __all__ = ["KubernetesBackend"]
 

@@ -171,7 +171,7 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
 
 def shipped_image(job: TuneJob) -> str | None:
     """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com), None where none ships."""
-    from ... import __version__
+    from ..._version import __version__
 
     r = job.resources
     if r.accelerators == 0:
