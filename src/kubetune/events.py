@@ -88,9 +88,11 @@ class JobStatus:
 
     @property
     def terminal(self) -> bool:
+        """Whether the job has ended (succeeded, failed or cancelled)."""
         return self.state in C.TERMINAL_STATES
 
     def to_dict(self) -> dict:
+        """The JSON form of status.json (unset fields left out)."""
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
 
     @classmethod
@@ -198,41 +200,51 @@ class RunDir:
     # paths ---------------------------------------------------------------------------------
     @property
     def spec_file(self) -> Path:
+        """``spec.yaml``: the resolved spec (secrets redacted)."""
         return self.path / C.SPEC_FILE
 
     @property
     def status_file(self) -> Path:
+        """``status.json``: state, stage and progress."""
         return self.path / C.STATUS_FILE
 
     @property
     def events_file(self) -> Path:
+        """``events.jsonl``: one event a line, every submission's."""
         return self.path / C.EVENTS_FILE
 
     @property
     def logs_dir(self) -> Path:
+        """``logs/``: the worker's and the stages' logs."""
         return self.path / C.LOGS_DIR
 
     @property
     def worker_log(self) -> Path:
+        """``logs/worker.log``: the worker process's stdout and stderr."""
         return self.logs_dir / C.WORKER_LOG
 
     @property
     def checkpoints_dir(self) -> Path:
+        """``checkpoints/``: complete checkpoints only (each with its marker)."""
         return self.path / C.CHECKPOINTS_DIR
 
     @property
     def result_file(self) -> Path:
+        """``result.json``: the final metrics."""
         return self.path / C.RESULT_FILE
 
     @property
     def done_file(self) -> Path:
+        """``DONE``: written last, when everything else is complete."""
         return self.path / C.DONE_FILE
 
     def exists(self) -> bool:
+        """Whether a job has recorded a status here."""
         return self.status_file.is_file()
 
     # writing -------------------------------------------------------------------------------
     def init(self) -> None:
+        """Create the directory and its ``logs/`` (once per writer)."""
         if self._inited and self.logs_dir.is_dir():
             return
         self.path.mkdir(parents=True, exist_ok=True)
@@ -274,20 +286,24 @@ class RunDir:
             self._status_written = time.monotonic()
 
     def write_status(self, status: JobStatus) -> None:
+        """Replace status.json with ``status`` (atomic rename)."""
         self.init()
         status.updated_at = status.updated_at or _now()
         _atomic_write(self.status_file, json.dumps(status.to_dict(), indent=2, default=str))
 
     def set_state(self, state: str, reason: str | None = None, **extra: Any) -> None:
+        """Record a state change (``state`` event; ``extra`` goes into the status)."""
         data: dict[str, Any] = {"state": state, **extra}
         if reason:
             data["reason"] = reason
         self.emit(make_event("state", f"{state}" + (f": {reason}" if reason else ""), **data))
 
     def write_result(self, result: dict) -> None:
+        """Write result.json (atomic rename)."""
         _atomic_write(self.result_file, json.dumps(result, indent=2, default=str))
 
     def mark_done(self) -> None:
+        """Write ``DONE``: the job succeeded and every file above is complete."""
         _atomic_write(self.done_file, f"{_now()}\n")
 
     # reading -------------------------------------------------------------------------------
@@ -299,9 +315,11 @@ class RunDir:
             return None
 
     def read_events(self) -> list[dict]:
+        """Every event so far (damaged lines skipped)."""
         return list(self.iter_events())
 
     def iter_events(self) -> Iterator[dict]:
+        """The events one by one (damaged lines and non-objects skipped)."""
         try:
             with open(self.events_file, encoding="utf-8") as f:
                 for line in f:
@@ -318,6 +336,7 @@ class RunDir:
             return
 
     def read_result(self) -> dict | None:
+        """result.json as a dict (None when missing or damaged)."""
         try:
             data = json.loads(self.result_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -325,6 +344,7 @@ class RunDir:
         return data if isinstance(data, dict) else None
 
     def is_done(self) -> bool:
+        """Whether ``DONE`` is there."""
         return self.done_file.is_file()
 
     def finished_spec(self) -> str | None:
@@ -339,6 +359,7 @@ class RunDir:
     # the writer's lock ------------------------------------------------------------------------
     @property
     def lock_file(self) -> Path:
+        """``.kubetune.lock``: the lock one writer holds (see :class:`RunLock`)."""
         return self.path / C.RUN_LOCK_FILE
 
     def lock(self) -> "RunLock":
@@ -369,6 +390,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, path: Path) -> "RunLock":
+        """Take the lock at ``path`` without waiting; raises RunDirInUse naming the holder's pid."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -412,6 +434,7 @@ class RunLock:
 
     @staticmethod
     def holder(path: Path) -> int | None:
+        """The pid the lock file records (None when unknown)."""
         try:
             text = Path(path).read_text(encoding="ascii").strip()
         except (OSError, ValueError):

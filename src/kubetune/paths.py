@@ -27,6 +27,7 @@ def jobs_dir() -> Path:
 
 
 def models_dir() -> Path:
+    """Where generated builtin models live (``$KUBETUNE_HOME/models``)."""
     p = home() / "models"
     p.mkdir(parents=True, exist_ok=True)
     return p

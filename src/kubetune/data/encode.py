@@ -93,6 +93,7 @@ class Encoder:
 
     # -- the chunk --------------------------------------------------------------------------
     def encode(self, items: Sequence[tuple[int, int, Any]]) -> ChunkResult:
+        """Tokenize a chunk of raw rows ``(file index, line, payload)``: input ids and labels with untrained tokens masked, and the rows that failed."""
         res = ChunkResult(batch=None)
         s = self.settings
         fixed = None if s.format == "auto" else s.format

@@ -363,6 +363,7 @@ class JinjaTemplate:
         tools: list[dict] | None = None,
         extras: Sequence[dict | None] | None = None,
     ) -> Rendered:
+        """The conversation as text, with the spans to train marked."""
         msgs = [{"role": r, "content": c, **((extras[i] or {}) if extras else {})} for i, (r, c, _) in enumerate(messages)]
         text = self._apply(msgs, add_generation_prompt, tools)
         if tools or extras:

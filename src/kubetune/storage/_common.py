@@ -35,6 +35,7 @@ class TransferStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, nbytes: int = 0, files: int = 0) -> None:
+        """Count one file of ``nbytes`` moved."""
         with self._lock:
             self.bytes += nbytes
             self.files += files
@@ -45,6 +46,7 @@ class TransferStats:
             self.skipped_bytes += nbytes
 
     def finish(self) -> "TransferStats":
+        """Stop the clock."""
         self.seconds = round(time.monotonic() - self.started, 3)
         return self
 
@@ -54,6 +56,7 @@ class TransferStats:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> dict:
+        """The counts as a JSON-ready dict (what ``fetch``/``push`` print)."""
         return {
             "uri": self.uri,
             "bytes": self.bytes,
@@ -154,6 +157,7 @@ class RetryPolicy:
     cap: float = C.STORAGE_RETRY_MAX_DELAY
 
     def delay(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (at least what the server's Retry-After asked)."""
         d = min(self.cap, self.base * (2**retry)) * random.uniform(0.5, 1.0)
         if retry_after is not None:
             d = max(d, min(self.cap, retry_after))
@@ -291,6 +295,7 @@ def _copy_file(src: Path, dest: Path, stats: "TransferStats | None") -> None:
 
 
 def human_bytes(n: float) -> str:
+    """``n`` bytes as B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

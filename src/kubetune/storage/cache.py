@@ -62,6 +62,7 @@ class CacheEntry:
 
     @property
     def lock_file(self) -> Path:
+        """The flock file that serialises fetches of this entry."""
         return self.dir.with_name(self.dir.name + ".lock")
 
     @contextlib.contextmanager

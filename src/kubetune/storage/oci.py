@@ -66,10 +66,12 @@ class Artifact:
 
     @property
     def fingerprint(self) -> str:
+        """``oci:<manifest digest>``: what the cache keys this artifact by."""
         return "oci:" + self.digest
 
     @property
     def layers(self) -> list[dict]:
+        """The manifest's layers (blobs with media type, digest, size, annotations)."""
         return self.manifest.get("layers", [])
 
 

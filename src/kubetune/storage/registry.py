@@ -83,15 +83,19 @@ class Registry:
         self.probed: set[str] = set()
 
     def close(self) -> None:
+        """Close the HTTP connection pool."""
         self.http.close()
 
     def url(self, repo: str, tail: str) -> str:
+        """The registry API URL ``/v2/<repo>/<tail>`` (plain http where configured)."""
         return f"{self.base}/v2/{repo}/{tail}"
 
     def auth_headers(self) -> dict:
+        """Headers carrying the credentials for this registry, if any."""
         return dict(self._auth)
 
     def denied(self, status: int, what: str = "") -> SourceError:
+        """The SourceError for a refused request (names the credentials to set)."""
         return SourceError(
             f"{self.label}: access denied by registry {self.host} (HTTP {status}){what}",
             hint=f"credentials looked for: {C.ENV_REGISTRY_USERNAME} + {C.ENV_REGISTRY_PASSWORD}, then auths/credHelpers/credsStore "
@@ -99,6 +103,7 @@ class Registry:
         )
 
     def unreachable(self, e: Exception) -> SourceError:
+        """The SourceError for a registry that cannot be reached."""
         return SourceError(
             f"{self.label}: cannot reach registry {self.host} over {self.base.split(':')[0]} ({scrub(e) or type(e).__name__})",
             hint=f"check the address; a registry without TLS needs {C.ENV_REGISTRY_PLAIN_HTTP}={self.host}",

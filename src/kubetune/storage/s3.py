@@ -33,6 +33,7 @@ _MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class S3Object:
+    """One object of a listing: key, path relative to the prefix, size and ETag."""
     key: str
     rel: str  # path relative to the fetched prefix (the file name for a single object)
     size: int
@@ -51,6 +52,7 @@ class Listing:
 
     @property
     def fingerprint(self) -> str:
+        """A digest of every key, size and ETag: the cache's version key."""
         h = hashlib.sha256()
         for o in sorted(self.objects, key=lambda o: o.rel):
             h.update(f"{o.rel}\0{o.size}\0{o.etag}\n".encode())
@@ -58,6 +60,7 @@ class Listing:
 
     @property
     def size(self) -> int:
+        """Total bytes of the listing."""
         return sum(o.size for o in self.objects)
 
 

@@ -202,6 +202,7 @@ def _fit(name: str, identity: str, *, force: bool = False) -> str:
 
 
 def values_text(values: dict[str, Any]) -> str:
+    """A trial's values as ``a=1, b=2`` (for messages and tables)."""
     return " ".join(f"{k}={v}" for k, v in values.items())
 
 

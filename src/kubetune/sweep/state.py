@@ -47,6 +47,7 @@ class Trial:
 
     @property
     def terminal(self) -> bool:
+        """Whether the trial has ended."""
         return self.state in C.TERMINAL_STATES or self.state in (C.TRIAL_PRUNED, C.TRIAL_INTERRUPTED)
 
 
@@ -70,9 +71,11 @@ class Sweep:
 
     @property
     def path(self) -> Path:
+        """The sweep directory."""
         return Path(self.dir)
 
     def trial(self, name: str) -> Trial | None:
+        """The trial called ``name`` (None when there is none)."""
         return next((t for t in self.trials if t.name == name), None)
 
     def ranked(self) -> list[Trial]:
@@ -174,6 +177,7 @@ def _registry() -> Path:
 
 
 def register(sweep: Sweep) -> None:
+    """Record the sweep in the kubetune home's registry (``kubetune sweep list``)."""
     _write_json(_registry() / f"{sweep.id}.json", {"id": sweep.id, "dir": sweep.dir, "backend": sweep.backend})
 
 

@@ -157,6 +157,7 @@ class KfpBackend:
         return st
 
     def events(self, ref: JobRef) -> list[dict]:
+        """Every event recorded in the run directory."""
         return self._run(ref).read_events()
 
     def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
@@ -222,6 +223,7 @@ class KfpBackend:
             run.set_state(C.STATE_CANCELLED, reason="cancelled by user")
 
     def list(self) -> list[JobRef]:
+        """KFP jobs this machine submitted, newest first."""
         return [
             JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"),
                    extra={k: d[k] for k in ("mode", "pid", "run_id", "run_url") if d.get(k) is not None})

@@ -74,6 +74,7 @@ class RunInfo:
 
     @property
     def failed_task(self) -> TaskInfo | None:
+        """The first task that failed (None when none did)."""
         return next((t for t in self.tasks if t.state == "FAILED"), None)
 
 

@@ -48,16 +48,19 @@ class Cluster:
     host: str
 
     def core(self):
+        """The CoreV1 API (pods, logs, ConfigMaps, Secrets, Services)."""
         from kubernetes import client
 
         return client.CoreV1Api(self.api)
 
     def batch(self):
+        """The BatchV1 API (Jobs)."""
         from kubernetes import client
 
         return client.BatchV1Api(self.api)
 
     def custom(self):
+        """The custom objects API (PyTorchJob, TrainJob, Workspace)."""
         from kubernetes import client
 
         return client.CustomObjectsApi(self.api)

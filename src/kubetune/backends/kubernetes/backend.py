@@ -243,12 +243,14 @@ class KubernetesBackend:
     # --- connection --------------------------------------------------------------------------
     @property
     def cluster(self) -> A.Cluster:
+        """The API client, connected on first use."""
         if self._cluster is None:
             self._cluster = A.connect(context=self._context, kubeconfig=self._kubeconfig)
         return self._cluster
 
     @property
     def namespace(self) -> str:
+        """The namespace jobs are listed in (the spec's or the kubeconfig's)."""
         return self._namespace or self.cluster.namespace
 
     # --- objects -----------------------------------------------------------------------------
