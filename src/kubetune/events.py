@@ -6,6 +6,10 @@ reader of these files; every backend, the CLI, the SDK and sweeps go through it.
 
 Workers on a cluster also print each event to stdout as ``KUBETUNE_EVENT {json}`` so that the pod
 logs alone rebuild the status (:func:`status_from_events`).
+
+Every string written here (event messages and data, status reasons, results) passes through
+:func:`kubetune.redact.redact_data` first: an error that names ``https://user:pass@host/...`` is recorded as
+``https://***@host/...``, in the run directory and in the copies published from it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import constants as C
+from .redact import redact_data
 
 __all__ = ["RunDir", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events"]
 
@@ -221,6 +226,7 @@ class RunDir:
         interval, :meth:`flush`, or the process's exit); events.jsonl always has every event at once.
         """
         self.init()
+        event = redact_data(event)
         line = json.dumps(event, separators=(",", ":"), default=str)
         with self._lock:
             with open(self.events_file, "a", encoding="utf-8") as f:
@@ -250,7 +256,7 @@ class RunDir:
     def write_status(self, status: JobStatus) -> None:
         self.init()
         status.updated_at = status.updated_at or _now()
-        _atomic_write(self.status_file, json.dumps(status.to_dict(), indent=2, default=str))
+        _atomic_write(self.status_file, json.dumps(redact_data(status.to_dict()), indent=2, default=str))
 
     def set_state(self, state: str, reason: str | None = None, **extra: Any) -> None:
         data: dict[str, Any] = {"state": state, **extra}
@@ -259,7 +265,7 @@ class RunDir:
         self.emit(make_event("state", f"{state}" + (f": {reason}" if reason else ""), **data))
 
     def write_result(self, result: dict) -> None:
-        _atomic_write(self.result_file, json.dumps(result, indent=2, default=str))
+        _atomic_write(self.result_file, json.dumps(redact_data(result), indent=2, default=str))
 
     def mark_done(self) -> None:
         _atomic_write(self.done_file, f"{_now()}\n")

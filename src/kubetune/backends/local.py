@@ -3,6 +3,10 @@
 Each submission gets an id and a registry entry under ``$KUBETUNE_HOME/jobs``; the child runs in its own
 process group so that cancel ends it and everything it started. A worker that dies without recording a
 final state (killed, out of memory) is reported as failed by :meth:`LocalBackend.status`.
+
+The run directory's spec.yaml is the redacted spec (for people and for output.uri); the worker gets the
+real one, credentials in its URIs included, in its environment (``$KUBETUNE_WORKER_SPEC``, see
+:func:`kubetune.backends._process.worker_env`): never written to disk, gone with the process, inherited by torchrun's workers.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from ..events import JobStatus, RunDir
 from ..paths import jobs_dir
 from ..spec import TuneJob, dump_spec
 from .base import JobRef
-from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
+from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail, worker_env
 
 __all__ = ["LocalBackend"]
 
@@ -45,6 +49,7 @@ class LocalBackend:
                 hint=f"wait for it, cancel it (kubetune cancel {current.job_id}), or set output.dir",
             )
         job_id = new_job_id(job.name)
+        env = worker_env(job, job_id)  # a spec too large for it fails before the run directory changes
         run.init()
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
         for stale in (run.done_file, run.result_file):
@@ -52,7 +57,6 @@ class LocalBackend:
         run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
         run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
         cmd = _worker_command(job, run)
-        env = {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1"}
         log = open(run.worker_log, "ab")
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
@@ -190,7 +194,7 @@ class LocalBackend:
 
 
 def _worker_command(job: TuneJob, run: RunDir) -> list[str]:
-    args = ["-m", "kubetune.worker", "--spec", str(run.spec_file), "--run-dir", str(run.path)]
+    args = ["-m", "kubetune.worker", "--spec-from-env", "--run-dir", str(run.path)]
     r = job.resources
     if r.world_size == 1:
         return [sys.executable, *args]

@@ -27,7 +27,7 @@ from ...events import JobStatus, RunDir, make_event
 from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
 from ..base import JobRef
-from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
+from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail, worker_env
 
 __all__ = ["KfpBackend"]
 
@@ -66,7 +66,7 @@ class KfpBackend:
         job_id = _new_id(job)
         _start_run_dir(run, job, job_id, kfp_mode="local")
         cmd = [sys.executable, "-m", "kubetune.backends.kfp.driver", "--run-dir", str(run.path), "--job-id", job_id]
-        env = {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1"}
+        env = worker_env(job, job_id)  # the spec as submitted; spec.yaml is the redacted copy
         log = open(run.worker_log, "ab")
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
