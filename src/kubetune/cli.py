@@ -301,8 +301,10 @@ def chat(
         source = model.source
     else:
         from .inference import load_chat_model
+        from .redact import redact_uri
 
         model = load_chat_model(source)
+        source = redact_uri(source)  # shown below
     history: list[dict] = [{"role": "system", "content": system}] if system else []
 
     def ask(text: str) -> None:

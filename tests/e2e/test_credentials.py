@@ -164,6 +164,21 @@ def test_a_failing_fetch_reports_the_uri_without_its_credentials(secure_server, 
     _assert_clean("the run directory", _tree_text(run_dir))
 
 
+def test_fetch_and_data_inspect_show_the_uri_without_credentials(secure_server, tmp_path, kubetune_cli):
+    """The commands that name a URI back to the user: fetch's summary, data inspect's report (text and JSON)."""
+    uri = _uri(secure_server, "d.jsonl")
+    outputs = {}
+    r = _cli(kubetune_cli, "fetch", uri, str(tmp_path / "got"), "-q")
+    outputs["fetch"] = r.stdout + r.stderr
+    assert (tmp_path / "got" / "d.jsonl").read_bytes() == CAPITALS.read_bytes()  # fetched with the real credentials
+    assert "fetched http://***@127.0.0.1:" in r.stderr
+    for extra in ([], ["--json"]):
+        r = _cli(kubetune_cli, "data", "inspect", uri, *extra)
+        outputs[f"inspect {extra}"] = r.stdout + r.stderr
+        assert "http://***@127.0.0.1:" in r.stdout, r.stdout[-2000:]
+    _assert_clean("CLI output", outputs)
+
+
 def _serve(kubetune_cli, args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([*kubetune_cli, "serve", *args, "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT)
