@@ -104,6 +104,13 @@ HOSTILE_TEXTS = [
     ("error: (https://u:paren14@h/x)", ["paren14"], "error"),
     ("pip install git+https://ghp_pip15@github.com/o/r", ["ghp_pip15"], "github.com/o/r"),
     ("line1\nhttps://u:multi16@h/x\nline3", ["multi16"], "line3"),
+    ('{"u": "https:\\/\\/u:esc17@h\\/x?token=esc18"}', ["esc17", "esc18"], '{"u": '),  # JSON with escaped slashes
+    ("redirect to https://sso/login?next=https%3A%2F%2Fu%3Aenc19%40h%2Fx%3Ftoken%3Denc20 now", ["enc19", "enc20"], "now"),
+    ("https://p/?u=https%253A%252F%252Fu%253Adbl21%2540h", ["dbl21"], "https://p/"),  # encoded twice
+    ("Basic dXNlcjpwYXNzMjI=", ["dXNlcjpwYXNzMjI"], "Basic"),
+    ("Sending http request: <AWSPreparedRequest stream_output=False, method=GET, url=https://b.s3.amazonaws.com/k?"
+     "X-Amz-Signature=bot23&X-Amz-Credential=AKIABOT24%2F1, headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=AKIABOT24/1, "
+     "Signature=bot25', 'X-Amz-Security-Token': b'bot26'}>", ["bot23", "AKIABOT24", "bot25", "bot26"], "AWSPreparedRequest"),
 ]
 
 # Text without credentials, including look-alikes: unchanged.
@@ -114,6 +121,8 @@ CLEAN_TEXTS = [
     "--set training.learning_rate=1e-4",
     "wrote to alice@example.com and https://host/x",
     "a // b and c//d",
+    "Bearer Authentication is described in RFC 6750",
+    "https://h/a%20b?v=1&page=2",
 ]
 
 

@@ -69,12 +69,12 @@ _SECRET_PARAM_RE = re.compile(r"token|secret|pass|pwd|sig|key|cred|auth|session|
 # URI inside JSON, a repr or an escaped string keeps its closing quote.
 _TEXT_STOP = " \t\r\n\f\v\"'`<>\\"
 # Text looks like it might hold a credential only if it holds one of these, lower-cased (a fast path for logs).
-_CHEAP_HINTS = ("//", "=", "%3d", "authorization", "bearer", "basic", "token", "key", "cookie")
+_CHEAP_HINTS = ("//", "\\/\\/", "=", "%3d", "authorization", "bearer", "basic", "token", "key", "cookie")
 # Punctuation that ends a sentence rather than a value: "<uri>?token=abc: not found" keeps its colon.
 _TRAILING_PUNCT = ":,.;)]}"
 
 # `//` that opens an authority: after a scheme's colon, or at the start of a token (scheme-relative).
-_AUTHORITY_START_RE = re.compile(r"(?:(?<=:)|(?<![^\s\"'`(<\[=,]))//")
+_AUTHORITY_START_RE = re.compile(r"(?:(?<=:)|(?<![^\s\"'`(<\[=,]))(?://|\\/\\/)")  # also JSON's escaped :\/\/
 # A parameter name after ?, &, ; or # (the value follows the `=`). Names stop at delimiters and text stops.
 _PARAM_RE = re.compile(r"[?&;#]([^=&;#?/\s\"'`<>\\]+)=")
 # A parameter without `=` whose percent-decoded form has one: ?token%3Dabc
@@ -85,7 +85,7 @@ _HEADER_RE = re.compile(
     r"(['\"]?\s*:\s*(?:b(?=['\"]))?['\"]?)([^'\"\r\n]+)"
 )
 # `Bearer X` / `Basic X` as HTTP writes them; X must hold a digit or symbol, so that prose ("Basic settings") stays.
-_SCHEME_TOKEN_RE = re.compile(r"\b(Bearer|Basic|BEARER|BASIC|bearer)(\s+)(?=[A-Za-z0-9._~+/=:-]*[0-9._~+/=:-])([A-Za-z0-9._~+/=:-]{8,})")
+_SCHEME_TOKEN_RE = re.compile(r"\b(Bearer|Basic|BEARER|BASIC|bearer)(\s+)([A-Za-z0-9._~+/=:-]{8,})")
 _SIGV4_RE = re.compile(r"(?<![\w-])(Credential|Signature)=([^,\s\"'&]+)")
 
 
@@ -114,8 +114,14 @@ def redact_text(text: Any) -> str:
         return s
     s = _redact(s, stops=_TEXT_STOP)
     s = _HEADER_RE.sub(lambda m: m.group(1) + m.group(2) + (MASK if m.group(3).strip() != MASK else m.group(3)), s)
-    s = _SCHEME_TOKEN_RE.sub(lambda m: m.group(1) + m.group(2) + MASK, s)
+    s = _SCHEME_TOKEN_RE.sub(lambda m: m.group(1) + m.group(2) + (MASK if _looks_like_token(m.group(3)) else m.group(3)), s)
     return _SIGV4_RE.sub(lambda m: f"{m.group(1)}={MASK}", s)
+
+
+def _looks_like_token(word: str) -> bool:
+    """A word after ``Bearer``/``Basic`` that is a credential, not prose ("Basic settings"): it holds a digit or
+    a symbol, or capitals after its first letter (base64 such as ``dXNlcjpwYXNz``)."""
+    return any(not c.isalpha() for c in word) or any(c.isupper() for c in word[1:])
 
 
 def redact_data(value: Any) -> Any:
@@ -172,11 +178,37 @@ def is_redacted(uri: Any) -> bool:
 
 # --- the masking itself ------------------------------------------------------------------------
 def _redact(s: str, *, stops: str) -> str:
-    if "//" in s:
+    s = _redact_plain(s, stops)
+    if "%" in s:  # a URI inside another one, percent-encoded: ?next=https%3A%2F%2Fuser%3Apass%40host
+        s = _redact_encoded(s, stops)
+    return s
+
+
+def _redact_plain(s: str, stops: str) -> str:
+    if "//" in s or "\\/\\/" in s:
         s = _mask_authorities(s, stops)
     if "=" in s or "%3d" in s.lower():
         s = _mask_params(s, stops)
     return s
+
+
+_TOKEN_RE = re.compile(r"\S*%[0-9A-Fa-f]{2}\S*")
+
+
+def _redact_encoded(s: str, stops: str) -> str:
+    """Tokens (the whole value for a URI) whose percent-decoded form (once or twice) holds a credential are
+    replaced by that decoded form, masked: readable, and nothing hides behind an encoding."""
+
+    def fix(token: str) -> str:
+        decoded = token
+        for _ in range(2):
+            decoded = unquote_plus(decoded)
+            masked = _redact_plain(decoded, stops)
+            if masked != decoded:
+                return masked
+        return token
+
+    return fix(s) if not stops else _TOKEN_RE.sub(lambda m: fix(m.group(0)), s)
 
 
 def _mask_authorities(s: str, stops: str) -> str:
