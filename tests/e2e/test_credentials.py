@@ -164,6 +164,22 @@ def test_a_failing_fetch_reports_the_uri_without_its_credentials(secure_server, 
     _assert_clean("the run directory", _tree_text(run_dir))
 
 
+def test_two_processes_get_the_real_spec_and_report_without_credentials(secure_server, tmp_path, kubetune_cli):
+    """resources.processes_per_node: 2 goes through kubetune's torchrun launcher: both ranks get the spec from
+    the environment (the server sees both fetches, with the given password), and the failure (a wrong
+    password) is reported by rank, masked, in status, events, the launcher's output and the run's log."""
+    spec = _spec(tmp_path, _uri(secure_server, "d.jsonl", password=PASSWORD + "-wrong"), resources={"processes_per_node": 2})
+    r = _cli(kubetune_cli, "run", str(spec), ok=False)
+    run_dir = tmp_path / "run"
+    status = json.loads((run_dir / C.STATUS_FILE).read_text())
+    assert status["state"] == C.STATE_FAILED and "http://***@127.0.0.1:" in status["reason"], status
+    tried = [h.get("Authorization", "") for m, p, h in secure_server.requests
+             if m == "GET" and p.startswith("/d.jsonl") and f"token={TOKEN}" in p]
+    assert len(tried) == 2 and all(t.startswith("Basic ") for t in tried), tried  # one GET per rank, with the spec's URI
+    _assert_clean("CLI output", {"run": r.stdout + r.stderr})
+    _assert_clean("the run directory", _tree_text(run_dir))
+
+
 def test_fetch_and_data_inspect_show_the_uri_without_credentials(secure_server, tmp_path, kubetune_cli):
     """The commands that name a URI back to the user: fetch's summary, data inspect's report (text and JSON)."""
     uri = _uri(secure_server, "d.jsonl")
