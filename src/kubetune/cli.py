@@ -238,7 +238,6 @@ def status(
 ) -> None:
     """Show a job's state, stage and progress."""
     from .client import Client
-
     from .redact import redact_data
 
     st = Client(backend).status(job)

@@ -2,13 +2,13 @@
 
 Every backend runs this, as ``kubetune worker --spec FILE`` or ``python -m kubetune.worker --spec FILE``
 (torchrun launches the module form once per process). Only rank 0 writes the run directory.
-
-The local backend passes ``--spec-from-env`` instead: the resolved spec, credentials in its URIs included,
-arrives as JSON in ``$KUBETUNE_WORKER_SPEC`` (the run directory's spec.yaml is redacted, so the worker
-cannot take its URIs from there). Everything the worker prints, logs or records is redacted
-(:mod:`kubetune.redact`).
 Each stage is also a plain function (:func:`fetch_inputs`, :func:`prepare_data`, ...) that init
 containers, KFP components and tests call on their own.
+
+The local backend passes ``--spec-from-env`` instead of ``--spec``: the resolved spec, credentials in its
+URIs included, arrives as JSON in ``$KUBETUNE_WORKER_SPEC`` (the run directory's spec.yaml is redacted, so
+the worker cannot take its URIs from there). Everything the worker prints, logs or records is redacted
+(:mod:`kubetune.redact`).
 """
 
 from __future__ import annotations
