@@ -84,7 +84,7 @@ _HEADER_RE = re.compile(
     r"(?i)((?:proxy-)?authorization|x-amz-security-token|x-api-key|api-key|cookie|set-cookie|x-goog-api-key)"
     r"(['\"]?\s*:\s*(?:b(?=['\"]))?['\"]?)([^'\"\r\n]+)"
 )
-# `Bearer X` / `Basic X` as HTTP writes them; X must hold a digit or symbol, so that prose ("Basic settings") stays.
+# `Bearer X` / `Basic X` as HTTP writes them; X must look like a token (_looks_like_token), so prose stays.
 _SCHEME_TOKEN_RE = re.compile(r"\b(Bearer|Basic|BEARER|BASIC|bearer)(\s+)([A-Za-z0-9._~+/=:-]{8,})")
 _SIGV4_RE = re.compile(r"(?<![\w-])(Credential|Signature)=([^,\s\"'&]+)")
 
