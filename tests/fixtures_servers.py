@@ -11,7 +11,8 @@ Fixtures:
     s3_auth_server (session) a moto_server process that enforces IAM: ``.endpoint``, ``.denied_key`` (no permissions)
     oci_registry   (session) Debian's docker-registry, anonymous; ``.host``
     oci_auth_registry (session) the same with htpasswd auth; ``.host``, ``.user``, ``.password``
-    http_server    (function) a threaded file server with Range/If-Range, ETags, Basic auth and fault injection
+    http_server    (function) a threaded file server with Range/If-Range, ETags, Basic auth, a required query
+                   token (``.query``) and fault injection
     fault_proxy    (function) factory: ``fault_proxy(upstream_url)`` -> FaultProxy in front of any HTTP server
 
 The one stand-in here is FaultProxy's injected failure itself; every request it passes reaches the real server.
@@ -37,7 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -235,6 +236,7 @@ class FileServer:
     faults: list = field(default_factory=list)
     requests: list = field(default_factory=list)  # (method, path, headers dict)
     auth: tuple[str, str] | None = None
+    query: dict[str, str] = field(default_factory=dict)  # parameters every request must carry (a token in the URL)
     etags: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -289,6 +291,12 @@ def _make_file_handler(state: FileServer):
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+            given = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
+            if any(given.get(k) != v for k, v in state.query.items()):
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             path = state.root / self.path.split("?", 1)[0].lstrip("/")
             if not path.is_file():
                 self.send_response(404)

@@ -8,6 +8,10 @@ ENV_DEBUG = "KUBETUNE_DEBUG"  # "1": show tracebacks for user errors too
 ENV_EVENT_STDOUT = "KUBETUNE_EVENTS_STDOUT"  # "1": the worker also prints events to stdout (clusters)
 ENV_JOB_ID = "KUBETUNE_JOB_ID"  # the job id a backend gave the worker
 ENV_RUN_LOCK_FD = "KUBETUNE_RUN_LOCK_FD"  # the run directory lock's descriptor a local submitter hands its worker
+# The resolved spec (JSON, credentials included) a local backend hands its worker in memory: spec.yaml in the
+# run directory is redacted, so the worker cannot read its URIs from there (kubetune/redact.py, worker.py).
+ENV_WORKER_SPEC = "KUBETUNE_WORKER_SPEC"
+REDACTED = "***"  # what a credential is replaced with wherever kubetune shows, logs or saves it
 
 # --- the run directory (DESIGN.md section 3) -------------------------------------------------
 SPEC_FILE = "spec.yaml"  # resolved spec, secrets redacted

@@ -147,6 +147,9 @@ def record_error(message: str, traceback_text: str = "") -> None:
     path = os.environ.get(_ENV_ERROR_FILE)
     if not path:
         return
+    from .redact import redact_text
+
+    message, traceback_text = redact_text(message), redact_text(traceback_text)
     now = time.time()
     data = {
         "message": {"message": message, "extraInfo": {"py_callstack": traceback_text, "timestamp": str(int(now))}},
@@ -433,15 +436,22 @@ def _job_of(args: argparse.Namespace) -> tuple[Any, Path | None]:
         return None, None
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--spec")
+    p.add_argument("--spec-from-env", action="store_true")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--run-dir")
     known, _ = p.parse_known_args(args.training_script_args)
-    if not known.spec:
+    source: Any = known.spec
+    if known.spec_from_env:  # the local backend's way (worker.py); left in the environment for the workers
+        try:
+            source = json.loads(os.environ.get(C.ENV_WORKER_SPEC) or "")
+        except ValueError:
+            source = None
+    if not source:
         return None, None
     from .spec import load_spec
 
     try:
-        job = load_spec(known.spec, known.overrides)
+        job = load_spec(source, known.overrides)
     except KubetuneError:
         return None, Path(known.run_dir) if known.run_dir else None  # the workers report the spec error
     return job, Path(known.run_dir) if known.run_dir else job.output_dir
@@ -469,6 +479,9 @@ def _record_end(run_dir: Path | None, state: str, reason: str, **extra: Any) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kubetune.distributed [torchrun options] -m kubetune.worker --spec FILE [...]``."""
+    from .redact import install
+
+    install(stdout=True, stderr=True)  # torch's failure table repeats the ranks' errors: no credential in it
     return launch(list(sys.argv[1:] if argv is None else argv))
 
 

@@ -2,9 +2,14 @@
 
 The CLI prints ``str(error)`` (message plus hint) and exits with code 2, without a traceback unless
 ``--debug`` is given. Bugs are not KubetuneErrors and keep their traceback.
+
+Message and hint are stored with credentials masked (:func:`kubetune.redact.redact_text`): an error names
+the URI it is about, and wherever it goes next (the terminal, status.json, a log) carries no password.
 """
 
 from __future__ import annotations
+
+from .redact import redact_text
 
 __all__ = [
     "KubetuneError",
@@ -29,6 +34,8 @@ class KubetuneError(Exception):
     exit_code = 2
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        message = redact_text(message)
+        hint = redact_text(hint) if hint is not None else None
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -42,7 +49,7 @@ class SpecError(KubetuneError):
 
     def __init__(self, message: str, *, hint: str | None = None, problems: list[str] | None = None) -> None:
         super().__init__(message, hint=hint)
-        self.problems = problems or [message]
+        self.problems = [redact_text(p) for p in problems] if problems else [self.message]
 
 
 class DataError(KubetuneError):

@@ -6,6 +6,10 @@ reader of these files; every backend, the CLI, the SDK and sweeps go through it.
 
 Workers on a cluster also print each event to stdout as ``KUBETUNE_EVENT {json}`` so that the pod
 logs alone rebuild the status (:func:`status_from_events`).
+
+Every string written here (event messages and data, status reasons, results) passes through
+:func:`kubetune.redact.redact_data` first: an error that names ``https://user:pass@host/...`` is recorded as
+``https://***@host/...``, in the run directory and in the copies published from it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import constants as C
+from .redact import redact_data
 
 __all__ = ["RunDir", "RunLock", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events", "disk_error_reason"]
 
@@ -259,6 +264,7 @@ class RunDir:
         interval, :meth:`flush`, or the process's exit); events.jsonl always has every event at once.
         """
         self.init()
+        event = redact_data(event)
         line = json.dumps(event, separators=(",", ":"), default=str)
         with self._lock:
             with open(self.events_file, "a", encoding="utf-8") as f:
@@ -289,7 +295,7 @@ class RunDir:
         """Replace status.json with ``status`` (atomic rename)."""
         self.init()
         status.updated_at = status.updated_at or _now()
-        _atomic_write(self.status_file, json.dumps(status.to_dict(), indent=2, default=str))
+        _atomic_write(self.status_file, json.dumps(redact_data(status.to_dict()), indent=2, default=str))
 
     def set_state(self, state: str, reason: str | None = None, **extra: Any) -> None:
         """Record a state change (``state`` event; ``extra`` goes into the status)."""
@@ -299,8 +305,8 @@ class RunDir:
         self.emit(make_event("state", f"{state}" + (f": {reason}" if reason else ""), **data))
 
     def write_result(self, result: dict) -> None:
-        """Write result.json (atomic rename)."""
-        _atomic_write(self.result_file, json.dumps(result, indent=2, default=str))
+        """Write result.json (atomic rename; credentials in it redacted)."""
+        _atomic_write(self.result_file, json.dumps(redact_data(result), indent=2, default=str))
 
     def mark_done(self) -> None:
         """Write ``DONE``: the job succeeded and every file above is complete."""

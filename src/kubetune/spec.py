@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
+from .redact import MASK, has_credentials, redact_data
 
 __all__ = [
     "TuneJob",
@@ -34,6 +35,8 @@ __all__ = [
     "apply_overrides",
     "spec_to_dict",
     "dump_spec",
+    "redacted_spec_dict",
+    "spec_warnings",
     "URI_SCHEMES",
     "check_uri",
 ]
@@ -346,6 +349,24 @@ _K8S_ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _K8S_SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Plain env values land in the rendered objects; these names must come from a Secret instead.
 _K8S_SECRET_NAME_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY", re.I)
+# Names that often hold a credential but also name harmless things (CACHE_KEY, NUM_PASS): warned about, not
+# refused (spec_warnings), and their values are masked wherever the spec is shown or saved.
+_K8S_SECRETISH_WORDS = frozenset({"PASS", "PASSWD", "PWD", "PW", "PAT", "KEY", "KEYS", "AUTH", "CRED", "CREDS", "SIG",
+                                  "SIGNATURE", "SESSION", "COOKIE", "DSN", "PASSPHRASE", "SALT"})
+# Values shaped like well-known credentials: GitHub/GitLab/Hugging Face/OpenAI/Slack/Google tokens, AWS key
+# ids, JWTs, PEM private keys.
+_SECRET_VALUE_RE = re.compile(
+    r"^(gh[pousr]_|github_pat_|glpat-|hf_[A-Za-z0-9]{20}|sk-[A-Za-z0-9_-]{16}|xox[abposr]-|(AKIA|ASIA)[A-Z0-9]{16}$|AIza[0-9A-Za-z_-]{30}|"
+    r"eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.)|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+)
+
+
+def _secretish_env_name(name: str) -> bool:
+    """Whether an environment variable named ``name`` probably holds a credential (refused or warned names)."""
+    if _K8S_SECRET_NAME_RE.search(name):
+        return True
+    words = [w for w in re.split(r"[_.\-]+", name.upper()) if w]
+    return any(w in _K8S_SECRETISH_WORDS or w.endswith(("PASS", "PWD", "KEY", "TOKEN")) for w in words)
 
 
 def _k8s_name(value: str, what: str = "name") -> str:
@@ -1114,10 +1135,41 @@ def _deep_copy(d: Any) -> Any:
 
 
 def spec_to_dict(job: TuneJob) -> dict:
-    """The resolved spec as plain data (every default filled in)."""
+    """The resolved spec as plain data (every default filled in), credentials included: for the job itself
+    (the worker, rendering), never for showing or saving (:func:`redacted_spec_dict`)."""
     return job.model_dump(mode="json")
 
 
+def redacted_spec_dict(job: TuneJob) -> dict:
+    """The resolved spec as plain data with every credential masked (``***``): the user-info and credential
+    parameters of each URI (:mod:`kubetune.redact`), and the values of ``kubernetes.env`` variables whose names
+    look like credentials. What ``spec.yaml``, ``kubetune validate`` and sweep records show."""
+    data = redact_data(spec_to_dict(job))
+    env = (data.get("kubernetes") or {}).get("env") or {}
+    for name in env:
+        if _secretish_env_name(name) or _SECRET_VALUE_RE.search(str(env[name])):
+            env[name] = MASK
+    return data
+
+
 def dump_spec(job: TuneJob) -> str:
-    """The resolved spec as YAML, in field order."""
-    return yaml.safe_dump(spec_to_dict(job), sort_keys=False, allow_unicode=True)
+    """The resolved spec as YAML, in field order, credentials masked (what ``spec.yaml`` holds)."""
+    return yaml.safe_dump(redacted_spec_dict(job), sort_keys=False, allow_unicode=True)
+
+
+def spec_warnings(job: TuneJob) -> list[str]:
+    """Things in a valid spec that are probably a mistake, one message each (shown by validate, render, run).
+
+    Today: ``kubernetes.env`` values that look like credentials (by the variable's name, or by the value's
+    shape: a known token format, a URI with credentials), which would be visible in the rendered objects.
+    """
+    out = []
+    for name, value in job.kubernetes.env.items():
+        why = ("its name looks like a credential" if _secretish_env_name(name)
+               else "its value looks like a credential" if _SECRET_VALUE_RE.search(value) or has_credentials(value) else None)
+        if why:
+            out.append(
+                f"kubernetes.env.{name}: {why}, and a literal value is visible to anyone who can read the rendered objects "
+                f"or the pod spec; put it in a Secret and reference it: kubernetes.secrets.env: [{{var: {name}, secret: NAME, key: KEY}}]"
+            )
+    return out

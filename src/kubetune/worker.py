@@ -4,11 +4,17 @@ Every backend runs this, as ``kubetune worker --spec FILE`` or ``python -m kubet
 (torchrun launches the module form once per process). Only rank 0 writes the run directory.
 Each stage is also a plain function (:func:`fetch_inputs`, :func:`prepare_data`, ...) that init
 containers, KFP components and tests call on their own.
+
+The local backend passes ``--spec-from-env`` instead of ``--spec``: the resolved spec, credentials in its
+URIs included, arrives as JSON in ``$KUBETUNE_WORKER_SPEC`` (the run directory's spec.yaml is redacted, so
+the worker cannot take its URIs from there). Everything the worker prints, logs or records is redacted
+(:mod:`kubetune.redact`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -289,20 +295,45 @@ def _output_sync(job: TuneJob, run: RunDir, is_main: bool):
 
 # --- entry point -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kubetune.worker --spec FILE [--set k=v ...] [--run-dir DIR] [--job-id ID]``."""
+    """``python -m kubetune.worker (--spec FILE | --spec-from-env) [--set k=v ...] [--run-dir DIR] [--job-id ID]``."""
     p = argparse.ArgumentParser(prog="kubetune worker", description="Run one job in this process.")
-    p.add_argument("--spec", required=True, help="job spec YAML")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec", help="job spec YAML")
+    src.add_argument("--spec-from-env", action="store_true", help=f"read the resolved spec (JSON) from ${C.ENV_WORKER_SPEC}")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="override a field, e.g. training.epochs=1")
     p.add_argument("--run-dir", default=None, help="run directory (default: output.dir of the spec)")
     p.add_argument("--job-id", default=os.environ.get(C.ENV_JOB_ID))
     a = p.parse_args(argv)
+    from .redact import install
+
+    install(stdout=True, stderr=True)  # logs/worker.log: no credential from any print, traceback or logger
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        job = load_spec(a.spec, a.overrides)
+        job = load_spec(_spec_from_env() if a.spec_from_env else a.spec, a.overrides)
     except KubetuneError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return run_worker(job, a.run_dir, job_id=a.job_id)
+
+
+def _spec_from_env() -> dict:
+    """The spec the local backend handed over in ``$KUBETUNE_WORKER_SPEC``, removed from the environment so that
+    no process this worker starts inherits it.
+
+    Raises:
+        SpecError: the variable is missing or not a JSON object.
+    """
+    from .errors import SpecError
+
+    text = os.environ.pop(C.ENV_WORKER_SPEC, None)
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise SpecError(f"--spec-from-env: ${C.ENV_WORKER_SPEC} holds no job spec",
+                        hint="this option is for the local backend's worker; run a spec file with --spec FILE")
+    return data
 
 
 if __name__ == "__main__":

@@ -7,8 +7,15 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["alive", "kill_group", "tail", "new_job_id", "registry_entries"]
+from .. import constants as C
+from ..errors import BackendError
+
+if TYPE_CHECKING:
+    from ..spec import TuneJob
+
+__all__ = ["alive", "kill_group", "tail", "new_job_id", "registry_entries", "worker_env"]
 
 
 def alive(pid: int) -> bool:
@@ -55,3 +62,31 @@ def registry_entries(directory: Path) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             continue
     return entries
+
+
+# Linux refuses to start a process with one environment string longer than this (MAX_ARG_STRLEN).
+_MAX_ENV_BYTES = 128 * 1024 - 1
+
+
+def worker_env(job: "TuneJob", job_id: str) -> dict[str, str]:
+    """The worker's environment: ours, its job id, and the resolved spec in ``$KUBETUNE_WORKER_SPEC``.
+
+    Why the environment and not a file or stdin: spec.yaml in the run directory is redacted (it is read by
+    people, ``kubetune logs`` and published to output.uri), so the real URIs travel another way. The
+    environment is never written to disk (no file to leak or to clean up after a crash or ``kill -9``), is
+    readable only by the same user (``/proc/PID/environ`` is 0400, like the AWS_* and HF_TOKEN credentials
+    kubetune already takes from there), needs no writer alive after ``--detach`` returns (a pipe would), and
+    reaches every torchrun worker without plumbing. The worker removes it from its own environment at start.
+
+    Raises:
+        BackendError: the spec is too large for one environment variable.
+    """
+    from ..spec import spec_to_dict
+
+    spec = json.dumps(spec_to_dict(job), separators=(",", ":"))
+    if len(spec.encode()) + len(C.ENV_WORKER_SPEC) + 1 > _MAX_ENV_BYTES:
+        raise BackendError(
+            f"the resolved spec is {len(spec.encode())} bytes, more than a process environment variable may hold",
+            hint="shorten the spec (long kubernetes/kfp sections, many dataset.mix entries) for local runs",
+        )
+    return {**os.environ, C.ENV_JOB_ID: job_id, "PYTHONUNBUFFERED": "1", C.ENV_WORKER_SPEC: spec}

@@ -3,12 +3,16 @@
 Each submission gets an id and a registry entry under ``$KUBETUNE_HOME/jobs``; the child runs in its own
 process group so that cancel ends it and everything it started. A worker that dies without recording a
 final state (killed, out of memory) is reported as failed by :meth:`LocalBackend.status`.
+
+The run directory's spec.yaml is the redacted spec (for people and for output.uri); the worker gets the
+real one, credentials in its URIs included, in its environment (``$KUBETUNE_WORKER_SPEC``, see
+:func:`kubetune.backends._process.worker_env`): never written to disk, gone with the process, inherited by torchrun's workers.
 """
 
 from __future__ import annotations
 
 import json
-import os
+
 import signal
 import subprocess
 import sys
@@ -23,7 +27,7 @@ from ..paths import jobs_dir
 from ..spec import TuneJob, dump_spec
 from ..worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from .base import JobRef
-from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
+from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail, worker_env
 
 __all__ = ["LocalBackend"]
 
@@ -71,11 +75,11 @@ class LocalBackend:
 
     def _start(self, job: TuneJob, run: RunDir, lock) -> JobRef:
         job_id = new_job_id(job.name)
+        env = {**worker_env(job, job_id), C.ENV_RUN_LOCK_FD: str(lock.fd)}  # fails for a too large spec before anything changes
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
         run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
         run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
         cmd = _worker_command(job, run)
-        env = {**os.environ, C.ENV_JOB_ID: job_id, C.ENV_RUN_LOCK_FD: str(lock.fd), "PYTHONUNBUFFERED": "1"}
         log = open(run.worker_log, "ab")
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -232,7 +236,7 @@ def _record_end(run: RunDir, st: JobStatus, reason: str) -> JobStatus:
 
 
 def _worker_command(job: TuneJob, run: RunDir) -> list[str]:
-    args = ["-m", "kubetune.worker", "--spec", str(run.spec_file), "--run-dir", str(run.path)]
+    args = ["-m", "kubetune.worker", "--spec-from-env", "--run-dir", str(run.path)]
     r = job.resources
     if r.world_size == 1:
         return [sys.executable, *args]

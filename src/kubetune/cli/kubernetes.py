@@ -34,11 +34,13 @@ def render(
     from ..backends.kubernetes import render as render_objects
     from ..backends.kubernetes import render_text
     from ..errors import BackendError
-    from ..spec import load_spec
+    from ..spec import load_spec, spec_warnings
 
     if backend not in _RENDER_BACKENDS:
         raise BackendError(f"render supports --backend {', '.join(_RENDER_BACKENDS)}, not '{backend}'")
     job = load_spec(spec, set_)
+    for message in spec_warnings(job):  # stderr: stdout stays the objects alone, ready for kubectl apply -f -
+        typer.echo(f"warning: {message}", err=True)
     if serve:  # docs/serving.md
         from ..serve.deploy import render_serve
 

@@ -34,8 +34,19 @@ _BACKEND_HELP = "Where the job runs: local, kubernetes or kfp."
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    from ..redact import install
+
+    install()  # no credential in any log record (httpx, urllib3, botocore, kubetune's own)
     if debug:
         os.environ[C.ENV_DEBUG] = "1"
+
+
+def _warn_spec(job) -> None:
+    """Print the spec's warnings (:func:`kubetune.spec.spec_warnings`) to stderr."""
+    from ..spec import spec_warnings
+
+    for message in spec_warnings(job):
+        typer.echo(f"warning: {message}", err=True)
 
 
 def _console(stderr: bool = False):
@@ -54,11 +65,12 @@ def validate(
 ) -> None:
     """Check a spec and print it resolved: every effective value, and where it came from."""
     from ..presets import explain_spec
-    from ..spec import dump_spec, load_spec, spec_to_dict
+    from ..spec import dump_spec, load_spec, redacted_spec_dict
 
     job = load_spec(spec, set_)
+    _warn_spec(job)
     if output == "json":
-        typer.echo(json.dumps(spec_to_dict(job), indent=2))
+        typer.echo(json.dumps(redacted_spec_dict(job), indent=2))
     else:
         typer.echo(explain_spec(job) if sources else dump_spec(job), nl=False)
     t = job.training
@@ -102,6 +114,7 @@ def run(
     if restart:
         set_ = [*set_, "training.resume=never"]
     job = load_spec(spec, set_)
+    _warn_spec(job)
     client = Client(backend)
     ref = client.submit(job)
     out = _console()
@@ -248,13 +261,15 @@ def status(
 ) -> None:
     """Show a job's state, stage and progress."""
     from ..client import Client
+    from ..redact import redact_data
 
     st = Client(backend).status(job)
+    data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
     if as_json:
-        typer.echo(json.dumps(st.to_dict(), indent=2, default=str))
+        typer.echo(json.dumps(data, indent=2, default=str))
         return
     out = _console()
-    for k, v in st.to_dict().items():
+    for k, v in data.items():
         if k in ("extra",):
             continue
         out.print(f"[bold]{k:>18}[/] {v}")
@@ -268,9 +283,10 @@ def logs(
 ) -> None:
     """Print a job's worker log."""
     from ..client import Client
+    from ..redact import redact_text
 
-    for line in Client(backend).logs(job, follow=follow):
-        typer.echo(line)
+    for line in Client(backend).logs(job, follow=follow):  # cluster pod logs too: mask whatever they hold
+        typer.echo(redact_text(line))
 
 
 @app.command()
@@ -307,8 +323,10 @@ def chat(
         source = model.source
     else:
         from ..serve.loading import load_chat_model
+        from ..redact import redact_uri
 
         model = load_chat_model(source)
+        source = redact_uri(source)  # shown below
     history: list[dict] = [{"role": "system", "content": system}] if system else []
 
     def ask(text: str) -> None:
@@ -340,11 +358,22 @@ def chat(
 
 
 @app.command()
-def merge(run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job.")) -> None:
+def merge(
+    run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job."),
+    base_model: Optional[str] = typer.Option(
+        None, "--base-model", help="The base model (a directory or URI; default: the run's model.source). Needed when that "
+        "URI carried credentials, which the run's spec.yaml does not keep."
+    ),
+) -> None:
     """Merge a run's adapter into its base model (writes merged/)."""
     from ..training.merge import merge_run
 
-    typer.echo(str(merge_run(run_dir)))
+    base = None
+    if base_model:
+        from ..storage import fetch
+
+        base = fetch(base_model)
+    typer.echo(str(merge_run(run_dir, base_model=base)))
 
 
 @app.command(hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -374,6 +403,9 @@ def _quiet_library_notices() -> None:
 
 def main() -> None:
     """Console entry point: user errors print one message and exit 2; --debug shows tracebacks."""
+    from ..redact import install
+
+    install()
     debug = "--debug" in sys.argv or os.environ.get(C.ENV_DEBUG) == "1"
     if not debug:
         _quiet_library_notices()

@@ -91,9 +91,11 @@ def render_serve(
     from ..backends.kubernetes import render_text
     from ..serve.deploy import render_serve as render_objects
     from ..serve.options import parse_adapter_args
-    from ..spec import load_spec
+    from ..spec import load_spec, spec_warnings
 
     job = load_spec(spec, set_)
+    for message in spec_warnings(job):
+        typer.echo(f"warning: {message}", err=True)
     objects = render_objects(
         job,
         adapters=parse_adapter_args(adapter),

@@ -51,7 +51,7 @@ def inspect_source(job: TuneJob, tokenizer: Any, source: Path, *, log: Callable[
         limit = job.training.max_seq_length
         src = report["sources"][0]
         out: dict[str, Any] = {
-            "source": ds.source,
+            "source": inp.label,  # the URI as given, credentials masked
             "format": src["format"],
             "files": len(sf.files),
             "rows": int(len(table)),

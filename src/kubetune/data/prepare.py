@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import DataError
+from ..redact import redact_uri
 from ..spec import TuneJob
 from .encode import STATUS, ChunkResult, EncodeSettings, Encoder
 from .formats import FORMATS
@@ -59,11 +60,14 @@ class SourceInput:
     """One local dataset to read, with the settings that apply to it."""
 
     path: Path
-    label: str  # the URI or path as the spec named it
+    label: str  # the URI or path as the spec named it, credentials masked: it is shown, logged and cached
     format: str = "auto"
     columns: dict = field(default_factory=dict)
     split: str = "train"
     weight: float | None = None
+
+    def __post_init__(self) -> None:
+        self.label = redact_uri(self.label)  # stats.json in the data cache and result.json record it
 
 
 def prepare_datasets(

@@ -89,7 +89,12 @@ def target_modules_for(model_type: str, group: str) -> list[str] | None:
 
 
 def explain_spec(job: Any) -> str:
-    """The resolved spec as YAML, every value followed by where it came from (spec, preset NAME, default)."""
+    """The resolved spec as YAML, every value followed by where it came from (spec, preset NAME, default).
+
+    Credentials are masked as in spec.yaml (:func:`kubetune.spec.redacted_spec_dict`).
+    """
+    from ..spec import redacted_spec_dict
+
     sources = job.field_sources()
     lines: list[str] = []
 
@@ -110,7 +115,7 @@ def explain_spec(job: Any) -> str:
                 src = sources.get(path, "default")
                 lines.append(f"{pad}{key}: {scalar(value)}  # {src}")
 
-    walk(job.model_dump(mode="json"), "", 0)
+    walk(redacted_spec_dict(job), "", 0)
     return "\n".join(lines) + "\n"
 
 

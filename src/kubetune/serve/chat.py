@@ -40,7 +40,9 @@ class RemoteChat:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
         self.model = model or self._first_model()
-        self.source = f"{self.model} at {self.base}"
+        from ..redact import redact_uri
+
+        self.source = f"{self.model} at {redact_uri(self.base)}"  # printed: "Chatting with ..."
 
     def models(self) -> list[str]:
         """The model ids the server lists."""

@@ -85,6 +85,9 @@ def render_serve(
     """
     if replicas < 1:
         raise SpecError(f"--replicas must be at least 1, got {replicas}")
+    from ..backends.kubernetes.pod import refuse_credentials
+
+    refuse_credentials(job, extra={f"--adapter {k}": v for k, v in (adapters or {}).items()})
     name = f"{job.name}-serve"
     sources = serve_sources(job, adapters=adapters or {}, merged=merged, served_model_name=served_model_name)
     gpus = accelerators if accelerators is not None else max(job.resources.accelerators, 1)

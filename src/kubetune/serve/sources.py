@@ -4,6 +4,9 @@ SOURCE is a run directory (its merged/ or model/, else its base model plus adapt
 directory, or a model URI (fetched; a fetched run layout, e.g. an ``output.uri`` prefix on S3, is read
 like a run directory). Every ``--adapter`` is a run directory, an adapter directory or a URI of one.
 Both engines read the same :class:`ServePlan`.
+
+A plan holds URIs only with their credentials masked (:func:`kubetune.redact.redact_uri`): they are shown in
+``/v1/models`` (``root``), ids, ``/metrics`` labels and logs. The real URI is used once, to fetch.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from .. import constants as C
 from ..errors import SourceError, SpecError
+from ..redact import redact_uri
 from .options import check_model_name
 
 __all__ = ["ServePlan", "ServedAdapter", "resolve_sources", "model_name_from_uri"]
@@ -30,8 +34,8 @@ class ServedAdapter:
     Attributes:
         name: the id clients send as ``model``.
         path: the local adapter directory (adapter_config.json, adapter weights).
-        uri: what the user named.
-        base_model: the base model URI the adapter was trained on, when a run records it.
+        uri: what the user named (credentials masked).
+        base_model: the base model URI the adapter was trained on, when a run records it (credentials masked).
         rank: the adapter's LoRA rank (vLLM needs the largest one up front).
         peft_type: PEFT's adapter type (LORA, ...).
         use_dora: a DoRA adapter (LoRA type, weight-decomposed).
@@ -53,12 +57,12 @@ class ServePlan:
     """Everything an engine needs to load, and the names it answers to.
 
     Attributes:
-        source: SOURCE as the user gave it.
+        source: SOURCE as the user gave it (credentials masked).
         model_dir: the model loaded into memory (a base, full fine-tune or merged model).
         model_name: the id of ``model_dir`` itself (no adapter).
         adapters: adapters served on top of ``model_dir``, in the order given (a LoRA run's own first).
         default_model: the id listed first (a LoRA run's adapter, else ``model_name``).
-        base_uri: the model URI ``model_dir`` came from, when known.
+        base_uri: the model URI ``model_dir`` came from, when known (credentials masked).
         trust_remote_code: the run's ``model.trust_remote_code``.
     """
 
@@ -100,7 +104,8 @@ def resolve_sources(source: str | os.PathLike, adapters: dict[str, str] | None =
     extra = []
     for name, uri in (adapters or {}).items():
         extra.append(_resolve_adapter(name, uri))
-    plan = ServePlan(**{**plan.__dict__, "adapters": plan.adapters + tuple(extra)})
+    plan = ServePlan(**{**plan.__dict__, "adapters": plan.adapters + tuple(extra), "source": redact_uri(plan.source),
+                        "base_uri": redact_uri(plan.base_uri) if plan.base_uri else None})
     _check_names(plan)
     for a in plan.adapters:
         if a.base_model and plan.base_uri and a.base_model != plan.base_uri:
@@ -109,13 +114,20 @@ def resolve_sources(source: str | os.PathLike, adapters: dict[str, str] | None =
 
 
 def model_name_from_uri(uri: str) -> str:
-    """A readable model id for a URI or path: builtin://tiny-chat -> tiny-chat, hf://org/name@rev -> org/name."""
+    """A readable model id for a URI or path: builtin://tiny-chat -> tiny-chat, hf://org/name@rev -> org/name.
+
+    Never from a credential: the user-info, query and fragment of a URI are left out
+    (https://user:pass@host/m.tar.gz?token=... -> m).
+    """
     text = uri.rstrip("/")
     if "://" in text:
         scheme, rest = text.split("://", 1)
+        rest = rest.split("?", 1)[0].split("#", 1)[0]
+        authority, slash, path = rest.partition("/")
+        rest = authority.rpartition("@")[2] + slash + path  # hf's @revision is in the path, not the authority
         if scheme == "hf":
             return rest.split("@", 1)[0]
-        text = rest
+        text = rest.rstrip("/")
     name = text.rsplit("/", 1)[-1] or "model"
     for suffix in (".tar.gz", ".tgz", ".tar", ".zip"):
         name = name.removesuffix(suffix)
@@ -156,8 +168,14 @@ def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
             f"{source}: the run has no trained model yet (no {C.MERGED_DIR}/, {C.MODEL_DIR}/ or {C.ADAPTER_DIR}/)",
             hint="kubetune status shows whether it finished",
         )
+    from ..redact import is_redacted
     from ..storage import fetch
 
+    if is_redacted(job.model.source):  # spec.yaml keeps no credentials: the base model's URI needs them from the user
+        raise SourceError(
+            f"{source}: the run's base model {job.model.source} needs credentials, which kubetune never saves in a run",
+            hint=f"serve the base model with its credentials and add the run's adapter: kubetune serve BASE_URI --adapter {name}={source}",
+        )
     base_dir = fetch(job.model.source, revision=job.model.revision)
     adapter = _adapter(name, run / C.ADAPTER_DIR, source, base_model=job.model.source)
     return ServePlan(
@@ -206,8 +224,8 @@ def _adapter(name: str, path: Path, uri: str, *, base_model: str | None) -> Serv
     return ServedAdapter(
         name=check_model_name(name, "adapter name"),
         path=path,
-        uri=uri,
-        base_model=base_model,
+        uri=redact_uri(uri),
+        base_model=redact_uri(base_model) if base_model else base_model,
         rank=int(rank) if isinstance(rank, int) else None,
         peft_type=cfg.get("peft_type"),
         use_dora=bool(cfg.get("use_dora")),

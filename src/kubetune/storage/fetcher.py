@@ -16,10 +16,11 @@ from urllib.parse import urlsplit
 
 from .. import constants as C
 from ..errors import SourceError
+from ..redact import is_redacted
 from . import archive
 from ._common import Progress, TransferStats, copy_tree, file_digest, log, missing_dirs, remove_empty_dirs
 from .cache import CacheEntry
-from .uri import Location, archive_kind, parse_uri
+from .uri import REMOTE_SCHEMES, Location, archive_kind, parse_uri
 
 __all__ = ["fetch_with_stats"]
 
@@ -39,6 +40,12 @@ def fetch_with_stats(
 ) -> tuple[Path, TransferStats]:
     """:func:`kubetune.storage.fetch`, also returning what was transferred (for the CLI's summary)."""
     loc = parse_uri(uri, revision)
+    if loc.scheme in REMOTE_SCHEMES and is_redacted(loc.uri):
+        raise SourceError(
+            f"{loc.safe}: its credentials were masked (***) where kubetune saved or showed it, so it cannot be fetched",
+            hint="kubetune never stores credentials: give the URI with them again, or use credentials from the environment "
+            "(docs/storage.md#credentials)",
+        )
     sha256 = _expected_digest(loc, sha256)
     stats = TransferStats(uri=loc.safe)
     target = Path(dest).expanduser().absolute() if dest is not None else None

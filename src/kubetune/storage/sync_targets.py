@@ -3,21 +3,28 @@
 Each target offers the same five operations: ``complete_checkpoints()``, ``upload_checkpoint(dir, name)``
 (completion marker last), ``download_checkpoint(name, into)``, ``delete_checkpoint(name)`` (marker first)
 and ``publish(run_dir)``. The layouts are described in :mod:`kubetune.storage.sync`.
+
+The run's record (spec.yaml, status.json, events.jsonl, result.json, logs/) is published through
+:func:`_redacted_record`: the files are redacted where they are written already, and once more here, so a
+line some library wrote around kubetune's own output never leaves the machine with a credential in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .. import constants as C
 from ..errors import SourceError
 from ._common import Progress, TransferStats, log, walk_files
+from ..redact import redact_text
 from .uri import Location, redact
 
 __all__ = ["make_target"]
@@ -138,12 +145,37 @@ class _PrefixTarget:
 
     def publish(self, run_dir: Path) -> None:
         files: list[tuple[Path, str]] = []
-        for d in _ARTIFACT_DIRS + (C.LOGS_DIR,):
+        for d in _ARTIFACT_DIRS:
             if (run_dir / d).is_dir():
                 files += [(p, f"{d}/{r}") for p, r in walk_files(run_dir / d)]
-        files += [(run_dir / f, f) for f in _RUN_FILES if (run_dir / f).is_file()]
-        with _done_marker() as done:
-            self.store.upload(files, [(done, C.DONE_FILE)])
+        record = [(p, f"{C.LOGS_DIR}/{r}") for p, r in walk_files(run_dir / C.LOGS_DIR)] if (run_dir / C.LOGS_DIR).is_dir() else []
+        record += [(run_dir / f, f) for f in _RUN_FILES if (run_dir / f).is_file()]
+        with _done_marker() as done, _redacted_record(record) as record:
+            self.store.upload(files + record, [(done, C.DONE_FILE)])
+
+
+# Text files of a run's record larger than this are published as they are (redacted where written).
+_REDACT_MAX_BYTES = 256 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def _redacted_record(files: list[tuple[Path, str]]) -> Iterator[list[tuple[Path, str]]]:
+    """The run's record files, each text file replaced by a redacted copy (binary ones, e.g. TensorBoard
+    event files, as they are); the copies are removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="kubetune-record-") as tmp:
+        out = []
+        for i, (path, rel) in enumerate(files):
+            try:
+                text = path.read_text(encoding="utf-8") if path.stat().st_size <= _REDACT_MAX_BYTES else None
+            except (UnicodeDecodeError, OSError):
+                text = None
+            masked = redact_text(text) if text is not None else None
+            if masked is not None and masked != text:
+                copy = Path(tmp) / f"{i}-{path.name}"
+                copy.write_text(masked, encoding="utf-8")
+                path = copy
+            out.append((path, rel))
+        yield out
 
 
 class _done_marker:
@@ -232,9 +264,10 @@ class _OciTarget:
         if merged.is_dir():
             oci.push_files(self._at(f"{self.tag}-merged"), [(p, r, C.OCI_MEDIA_FILE) for p, r in walk_files(merged)],
                            stats, bar, config=(config, C.OCI_MEDIA_RUN_CONFIG), annotations={**notes, C.OCI_ANNOTATION_KIND: "merged"})
-        record = [(run_dir / f, f, C.OCI_MEDIA_FILE) for f in _RUN_FILES if (run_dir / f).is_file()]
-        if record:
-            oci.push_files(self._at(f"{self.tag}-run"), record, stats, bar, annotations={**notes, C.OCI_ANNOTATION_KIND: "run"})
+        with _redacted_record([(run_dir / f, f) for f in _RUN_FILES if (run_dir / f).is_file()]) as record:
+            if record:
+                oci.push_files(self._at(f"{self.tag}-run"), [(p, r, C.OCI_MEDIA_FILE) for p, r in record], stats, bar,
+                               annotations={**notes, C.OCI_ANNOTATION_KIND: "run"})
 
 
 def _read_json(path: Path) -> dict:

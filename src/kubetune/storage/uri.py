@@ -1,7 +1,8 @@
 """Parsing and redacting the URIs that name models, datasets and outputs.
 
-Every message, log line and event shows a URI through :func:`redact`, which drops passwords in the
-user-info part and the values of signing or token query parameters (presigned S3 URLs, SAS tokens).
+Every message, log line and event shows a URI through :func:`redact`, which masks the user-info part
+and the values of credential parameters (presigned S3 URLs, SAS tokens, API keys); both it and
+:func:`scrub` are the one definition in :mod:`kubetune.redact`.
 """
 
 from __future__ import annotations
@@ -9,19 +10,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from .. import constants as C
 from ..errors import SourceError
+from ..redact import redact_text, redact_uri
 
 __all__ = ["Location", "parse_uri", "is_remote", "redact", "scrub", "archive_kind", "REMOTE_SCHEMES"]
 
 REMOTE_SCHEMES = ("hf", "s3", "http", "https", "oci")
 _SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-# Query parameters whose values are credentials (presigned URLs, SAS tokens, API keys).
-_SECRET_PARAMS = re.compile(
-    r"(signature|credential|security-token|token|sig|key|secret|password|auth)", re.IGNORECASE
-)
 _ARCHIVES = ((".tar.gz", "tar"), (".tgz", "tar"), (".tar", "tar"), (".zip", "zip"))
 
 
@@ -130,24 +128,8 @@ def _parse_hf(text: str, rest: str, revision: str | None) -> Location:
 
 
 def redact(uri: str | Path) -> str:
-    """``uri`` without passwords or token query values, safe to print, log and store."""
-    text = str(uri)
-    if not _SCHEME_RE.match(text):
-        return text
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return re.sub(r"//[^/@]*@", "//***@", text)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{quote(unquote(user), safe='')}:***@{hostport}" if ":" in userinfo else f"***@{hostport}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """``uri`` without user-info or credential query values, safe to print, log and store (:func:`kubetune.redact.redact_uri`)."""
+    return redact_uri(uri)
 
 
 def archive_kind(name: str) -> str | None:
@@ -159,12 +141,6 @@ def archive_kind(name: str) -> str | None:
     return None
 
 
-_USERINFO_RE = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]*@")
-_QUERY_SECRET_RE = re.compile(
-    r"(?i)([?&][^=&\s]*(?:signature|credential|security-token|token|sig|key|secret|password|auth)[^=&\s]*=)[^&\s'\"]+"
-)
-
-
 def scrub(text: str) -> str:
-    """``text`` (an error message from a library) with passwords in URLs and token query values masked."""
-    return _QUERY_SECRET_RE.sub(r"\1***", _USERINFO_RE.sub(r"\1:***@", str(text)))
+    """``text`` (an error message from a library) with credentials in its URLs masked (:func:`kubetune.redact.redact_text`)."""
+    return redact_text(text)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 from .. import constants as C
 from ..errors import BackendError, JobNotFound, KubetuneError, SpecError
 from ..events import RunDir
-from ..spec import SweepSpec, TuneJob, spec_to_dict
+from ..spec import SweepSpec, TuneJob, redacted_spec_dict
 from .plan import (
     DURING_TRAINING,
     check_sweep,
@@ -214,7 +214,7 @@ def _interrupt(sweep: Sweep, client: Any, log: Callable[[str], None]) -> None:
 
 def _open_sweep(directory: Path, sweep_id: str, job: TuneJob, spec: SweepSpec, backend: str, plan: list) -> Sweep:
     """Load the sweep's state (checking the base spec is unchanged) or start it, and add the plan's new trials."""
-    base = spec_to_dict(job)
+    base = redacted_spec_dict(job)  # sweep.json is a record: no credential in it (nor in what it compares)
     base.pop("sweep", None)
     sweep = _try_load(directory)
     if sweep is None:

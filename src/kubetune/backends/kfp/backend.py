@@ -28,7 +28,7 @@ from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
 from ...worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from ..base import JobRef
-from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail
+from .._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail, worker_env
 
 __all__ = ["KfpBackend"]
 
@@ -72,9 +72,11 @@ class KfpBackend:
             if verdict == "different":
                 raise BackendError(finished_run_message(run, diffs), hint=FINISHED_RUN_HINT)
             job_id = _new_id(job)
+            # the spec as submitted travels in memory (spec.yaml is the redacted copy); a spec too large for it
+            # fails before the run directory changes
+            env = {**worker_env(job, job_id), C.ENV_RUN_LOCK_FD: str(lock.fd)}
             _start_run_dir(run, job, job_id, kfp_mode="local")
             cmd = [sys.executable, "-m", "kubetune.backends.kfp.driver", "--run-dir", str(run.path), "--job-id", job_id]
-            env = {**os.environ, C.ENV_JOB_ID: job_id, C.ENV_RUN_LOCK_FD: str(lock.fd), "PYTHONUNBUFFERED": "1"}
             log = open(run.worker_log, "ab")
             try:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -6,12 +6,17 @@
 artifacts sit in the run directory), and calls the pipeline: each component runs as a subprocess of this
 one with this Python environment, and writes its events into the run directory itself. This process
 only records the start and, when a task died without recording why, the failure.
+
+The job comes from ``$KUBETUNE_WORKER_SPEC`` when :class:`KfpBackend` set it (the spec as submitted; the run
+directory's spec.yaml is the redacted copy), else from spec.yaml. The driver's output (the log) is redacted.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import re
 import sys
 import time
@@ -34,7 +39,7 @@ def run_local_pipeline(run: RunDir, *, job_id: str | None = None) -> int:
     reason a component recorded, or with the local runner's own message when no component could.
     """
     try:
-        job = load_spec(run.spec_file)
+        job = load_spec(_submitted_spec() or run.spec_file)
         from kfp import local
 
         from .pipeline import build_pipeline, pipeline_arguments
@@ -60,6 +65,16 @@ def run_local_pipeline(run: RunDir, *, job_id: str | None = None) -> int:
         _fail(run, "the pipeline ended without publishing a result (see logs/worker.log)", 1)
         return 1
     return 0 if st.state == C.STATE_SUCCEEDED else 1
+
+
+def _submitted_spec() -> dict | None:
+    """The spec KfpBackend handed over in the environment (removed from it: the tasks get theirs as arguments)."""
+    text = os.environ.pop(C.ENV_WORKER_SPEC, None)
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _fail(run: RunDir, reason: str, code: int) -> None:
@@ -91,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--job-id", default=None)
     a = p.parse_args(argv)
+    from ...redact import install
+
     sys.stdout, sys.stderr = _PlainText(sys.stdout), _PlainText(sys.stderr)
+    install(stdout=True, stderr=True)  # the runner streams every task's output through here: logs/worker.log
     return run_local_pipeline(RunDir(a.run_dir), job_id=a.job_id)
 
 

@@ -35,8 +35,13 @@ def build_pipeline(job: TuneJob, *, local: bool = False) -> Callable[..., Any]:
         local: build for the KFP local runner (no packages installed, no pod settings).
 
     Raises:
-        SpecError: a setting KFP cannot express (several nodes, a resource quantity it rejects, no image).
+        SpecError: a setting KFP cannot express (several nodes, a resource quantity it rejects, no image), or
+            credentials in the spec (the spec is a pipeline parameter: compiled into the pipeline, and on the
+            command line of every task, also under the local runner).
     """
+    from ..kubernetes.pod import refuse_credentials
+
+    refuse_credentials(job, staging="kfp.bucket")
     _check_topology(job)
     image = base_image(job)
     packages = [] if local else _packages(job, image)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlsplit
 
 from ... import constants as C
 from ...errors import SpecError
-from ...spec import TuneJob
+from ...redact import find_credentials, has_credentials
+from ...spec import TuneJob, spec_to_dict
 from .staging import is_local, staged_uri
 
 __all__ = [
@@ -34,14 +34,20 @@ __all__ = [
     "pod_security_context",
     "container_security_context",
     "names",
+    "refuse_credentials",
 ]
 
 # An extended resource name: a domain, a slash, a name (nvidia.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb).
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _QUANTITY_RE = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
-# Query parameters that carry credentials (presigned URLs, tokens): never rendered.
-_SECRET_QUERY_RE = re.compile(r"signature|token|secret|password|credential|sig$|key", re.I)
-
+# What replaces a credential in a URI once it must reach a cluster: a Secret reference, or a staged copy.
+CREDENTIALS_HINT = (
+    "a spec that runs on a cluster is visible to anyone who can read its objects, so credentials never travel in it: "
+    "remove them from the URI and reference a Secret instead: S3 keys with kubernetes.secrets.s3, a Hugging Face token "
+    "with kubernetes.secrets.hf_token, a registry login with kubernetes.secrets.env (vars KUBETUNE_REGISTRY_USERNAME and "
+    "KUBETUNE_REGISTRY_PASSWORD); an http(s) file behind a password or a signed URL: fetch it here "
+    "(kubetune fetch URI DIR) and name the local copy, which kubetune run uploads to {staging}"
+)
 
 
 def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
@@ -123,11 +129,31 @@ def cluster_inputs(job: TuneJob) -> list[Input]:
 
 
 def _refuse_credentials(field: str, value: str) -> None:
-    parts = urlsplit(value)
-    if parts.password or any(_SECRET_QUERY_RE.search(k) for k, _ in parse_qsl(parts.query)):
+    if has_credentials(value):
         raise SpecError(
             f"{field} carries credentials in its URI; they would be visible in the rendered objects",
-            hint="remove them from the URI and reference a Secret under kubernetes.secrets",
+            hint=CREDENTIALS_HINT.format(staging="kubernetes.staging_uri"),
+        )
+
+
+def refuse_credentials(job: TuneJob, *, staging: str = "kubernetes.staging_uri", extra: dict[str, str] | None = None) -> None:
+    """Refuse a job whose spec holds a credential anywhere (a URI's user-info or token parameter, a bearer token):
+    every field of it ends up in a rendered object, a ConfigMap or a compiled pipeline.
+
+    Args:
+        staging: the field that names where local copies are uploaded (for the hint).
+        extra: more values that will be rendered, by the name to show (``--adapter NAME``).
+
+    Raises:
+        SpecError: naming every such field (never its value).
+    """
+    fields = find_credentials(spec_to_dict(job))
+    fields += [name for name, value in (extra or {}).items() if has_credentials(value)]
+    if fields:
+        raise SpecError(
+            f"{', '.join(fields)}: credentials in the spec (user:password@ or a token in a URI) would be visible in the "
+            "rendered objects",
+            hint=CREDENTIALS_HINT.format(staging=staging),
         )
 
 

@@ -41,11 +41,13 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
         then the workload, as plain dicts. ``kaito``: the ConfigMap of Kaito's training config, then the Workspace.
 
     Raises:
-        SpecError: the spec cannot run on a cluster as written (the message names the field).
+        SpecError: the spec cannot run on a cluster as written (the message names the field), e.g. a URI
+            with credentials (they must come from a Secret).
     """
     flavor = flavor or job.kubernetes.flavor
     if flavor not in FLAVORS:
         raise SpecError(f"unknown flavor '{flavor}'; choose one of: {', '.join(FLAVORS)}")
+    P.refuse_credentials(job)  # the spec goes into a ConfigMap and the pods' args: no credential may ride along
     if flavor == "kaito":  # what Kaito cannot run is said first, in Kaito's terms
         from .kaito import check as kaito_check
 
