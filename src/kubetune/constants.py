@@ -166,6 +166,9 @@ SERVE_ADAPTERS_DIR = f"{SERVE_MODELS_DIR}/adapters"  # one sub-folder per adapte
 SERVE_CONTAINER = "vllm"  # main container of the serving Deployment
 LABEL_COMPONENT = "app.kubernetes.io/component"  # "serve" on serving objects, so they never match a training job's pods
 COMPONENT_SERVE = "serve"
+# Fair sharing of the transformers engine's batch between requests (serve/engine.py):
+SERVE_PREEMPT_MIN_STEPS = 32  # a request holding no row may preempt a row that has decoded this many steps since it joined
+SERVE_PREFILL_TOKENS_PER_STEP = 8192  # most tokens prefilled in one step (at least one row joins): long joins spread out
 
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings

@@ -373,7 +373,7 @@ class _Server:
             return put
 
         requests = [
-            EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter, stream=stream) for i, (ids, p) in enumerate(zip(job.prompts, job.params))
+            EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter, stream=stream, group=job) for i, (ids, p) in enumerate(zip(job.prompts, job.params))
         ]
         for r in requests:
             self.loaded.engine.submit(r)
