@@ -85,6 +85,8 @@ class EngineRequest:
 
     def cancel(self) -> None:
         """Stop generating (the client went away); takes effect at the next decode step."""
+        if self.cancelled:
+            return
         self.cancelled = True
         if self._on_cancel is not None:
             self._on_cancel()
@@ -125,7 +127,7 @@ class TransformersEngine:
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()  # submitted, not yet seen by the engine thread
         self._groups: dict[Any, _Group] = {}  # engine thread only: groups with rows waiting for a place in the batch
         self._live: weakref.WeakValueDictionary[Any, _Group] = weakref.WeakValueDictionary()  # every group that has rows
-        self._cancels = threading.Event()  # a request was cancelled: look through the waiting rows
+        self._cancels: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()  # cancelled requests: look through their groups
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._torch = torch
@@ -169,7 +171,7 @@ class TransformersEngine:
         if self._stopping.is_set():
             request.on_output(EngineOutput("", "error", error="the server is shutting down"))
             return
-        request._on_cancel = self._cancels.set
+        request._on_cancel = lambda: self._cancels.put(request)
         self._queue.put(request)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -177,8 +179,7 @@ class TransformersEngine:
         batch: _Batch | None = None
         while not self._stopping.is_set():
             self._pull(block=batch is None and not self._groups)
-            if self._cancels.is_set():
-                self._cancels.clear()
+            if not self._cancels.empty():
                 self._drop_cancelled()
             if self._groups:
                 batch = self._schedule(batch)
@@ -230,11 +231,17 @@ class TransformersEngine:
 
     def _drop_cancelled(self) -> None:
         """Answer and forget waiting rows whose client went away (running ones leave at the next decode step)."""
-        for key, g in list(self._groups.items()):
-            if any(r.req.cancelled for r in g.waiting):
-                for r in [r for r in g.waiting if r.req.cancelled]:
-                    r.cancel()
-                g.waiting = deque(r for r in g.waiting if not r.req.cancelled)
+        keys = set()
+        while not self._cancels.empty():
+            req = self._cancels.get_nowait()
+            keys.add(req if req.group is None else req.group)
+        for key in keys:
+            g = self._groups.get(key)
+            if g is None:
+                continue
+            for r in [r for r in g.waiting if r.req.cancelled]:
+                r.cancel()
+            g.waiting = deque(r for r in g.waiting if not r.req.cancelled)
             if not g.waiting:
                 del self._groups[key]
 
