@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..data.templates import unrendered_tool_name
 from .admission import Admission, Limits, Ticket
 from .engine import EngineOutput, EngineRequest, LoadedModels, SamplingParams, load_engine
 from .metrics import ServeMetrics
@@ -345,7 +346,7 @@ class _Server:
         try:
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **extra)["input_ids"]
             if tools or any(m.get("tool_calls") for m in messages):
-                _check_tools_rendered(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra), tools, messages, model)
+                _check_tools_rendered(tok, tools, messages, model)
         except APIError:
             raise
         except Exception as e:  # the template itself refuses (e.g. roles must alternate)
@@ -557,23 +558,25 @@ def _tool_message(text: str, reason: str | None) -> tuple[dict, str | None]:
     return {"role": "assistant", "content": content, "tool_calls": calls}, ("tool_calls" if reason == "stop" else reason)
 
 
-def _check_tools_rendered(prompt: str, tools: list[dict] | None, messages: list[dict], model: str) -> None:
+def _check_tools_rendered(tok: Any, tools: list[dict] | None, messages: list[dict], model: str) -> None:
     """A chat template without tool support drops ``tools`` and earlier ``tool_calls`` silently: the model would
-    never see them. Every function name must be in the prompt."""
+    never see them. Every function name must be rendered (data/templates.py: :func:`unrendered_tool_name`)."""
+
+    def render(t: list[dict] | None, m: list[dict]) -> str:
+        return tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **({"tools": t} if t else {}))
+
+    missing = unrendered_tool_name(render, tools, messages)
+    if missing is None:
+        return
+    where, i, name = missing
     fix = "serve a model whose template has a tool format, e.g. one trained with dataset.chat_template: chatml"
-    for t in tools or ():
-        name = t["function"].get("name") if isinstance(t.get("function"), dict) else None
-        if name and name not in prompt:
-            raise APIError(400, f"tools: the chat template of `{model}` does not render tools (the function '{name}' is missing from the prompt); {fix}", param="tools")
-    for i, m in enumerate(messages):
-        for call in m.get("tool_calls") or ():
-            if call["function"]["name"] not in prompt:
-                raise APIError(
-                    400,
-                    f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to "
-                    f"'{call['function']['name']}' is missing from the prompt); {fix}",
-                    param=f"messages[{i}].tool_calls",
-                )
+    if where == "tools":
+        raise APIError(400, f"tools: the chat template of `{model}` does not render tools (the function '{name}' is missing from the prompt); {fix}", param="tools")
+    raise APIError(
+        400,
+        f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to '{name}' is missing from the prompt); {fix}",
+        param=f"messages[{i}].tool_calls",
+    )
 
 
 def _refuse_unsupported(found: tuple[str, str] | None) -> None:
