@@ -191,3 +191,64 @@ def test_a_waiting_request_whose_client_goes_away_is_answered_at_once(small_engi
         r.cancel()
     for _ in hogs:
         assert hogs_done.acquire(timeout=30)
+
+
+# --- one request cannot fail the others or stop the engine (issue 14) ---------------------------------------
+def test_a_request_the_engine_cannot_even_set_up_fails_alone(small_engine):
+    """A seed torch cannot take (the server refuses it with a 400; here it reaches the engine directly) fails that
+    request only: the engine thread lives on and answers the next one."""
+    eng = small_engine.engine
+    bad = EngineRequest(_ids(small_engine, "Hi"), SamplingParams(max_tokens=3, temperature=1.0, seed=2**64), None)
+    (out,) = _run(eng, [bad])
+    assert out[-1].finish_reason == "error"
+    (ok,) = _run(eng, [EngineRequest(_ids(small_engine, "Hi"), SamplingParams(max_tokens=3), None)])
+    assert ok[-1].finish_reason == "length" and eng.alive
+
+
+def test_a_tiny_temperature_does_not_fail_the_batch_it_shares(small_engine):
+    """temperature 1e-300 turns logits / temperature into inf: sampling must not fail (it used to fail the whole
+    decode step, and so every request in the batch)."""
+    eng = small_engine.engine
+    ids = _ids(small_engine, "What is the capital of France?")
+    (alone,) = _run(eng, [EngineRequest(ids, SamplingParams(max_tokens=12), None)])
+    outs = _run(eng, [EngineRequest(ids, SamplingParams(max_tokens=12), None), EngineRequest(ids, SamplingParams(max_tokens=12, temperature=1e-300, seed=1), None)])
+    assert [o[-1].finish_reason for o in outs] == ["length", "length"]
+    assert _text(outs[0]) == _text(alone) == _text(outs[1]), "a near-zero temperature samples the greedy token"
+
+
+def test_a_request_whose_prefill_fails_does_not_take_its_fellow_newcomers_with_it(tiny_model):
+    """Two requests join the batch in one prefill; one of them cannot be run (a token id outside the embedding).
+    Only that one fails."""
+    loaded = load_engine(resolve_sources("builtin://tiny-chat"), ServeOptions(max_batch_size=4))
+    eng = loaded.engine
+    good = EngineRequest(_ids(loaded, "Hi"), SamplingParams(max_tokens=4), None)
+    bad = EngineRequest([10**7], SamplingParams(max_tokens=4), None)
+    outs, done = _collect(eng, [good, bad])  # queued before the engine starts: they are prefilled together
+    eng.start()
+    try:
+        for _ in range(2):
+            assert done.acquire(timeout=60)
+        assert outs[0][-1].finish_reason == "length" and outs[1][-1].finish_reason == "error"
+        assert eng.alive
+    finally:
+        eng.shutdown()
+
+
+def test_holdback_is_the_longest_stop_prefix_at_the_end():
+    """The fast holdback agrees with the plain definition (longest suffix of the text that starts a stop string)."""
+    import random
+
+    def plain(text: str, stops: tuple[str, ...]) -> int:
+        best = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    best = max(best, k)
+                    break
+        return best
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice("ab ") for _ in range(rng.randint(0, 12)))
+        stops = tuple("".join(rng.choice("ab ") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3)))
+        assert _holdback(text, stops) == plain(text, stops), (text, stops)

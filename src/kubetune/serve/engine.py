@@ -178,19 +178,14 @@ class TransformersEngine:
     def _loop(self) -> None:
         batch: _Batch | None = None
         while not self._stopping.is_set():
-            self._pull(block=batch is None and not self._groups)
-            if not self._cancels.empty():
-                self._drop_cancelled()
-            if self._groups:
-                batch = self._schedule(batch)
-            if batch is not None:
-                try:
-                    batch = self._decode(batch)
-                except Exception as e:
-                    log.exception("decode step failed")
-                    for r in batch.rows:
-                        r.fail(f"{type(e).__name__}: {e}")
-                    batch = None
+            try:
+                batch = self._step_once(batch)
+            except Exception as e:  # a bug: fail everything in flight, but never stop serving
+                log.exception("engine step failed")
+                for r in [*(batch.rows if batch else []), *(r for g in self._groups.values() for r in g.waiting)]:
+                    r.fail(f"{type(e).__name__}: {e}")
+                self._groups.clear()
+                batch = None
             self.running = len(batch.rows) if batch else 0
             self.queued = sum(len(g.waiting) for g in self._groups.values())
         for r in batch.rows if batch else []:
@@ -207,6 +202,23 @@ class TransformersEngine:
                 break
             if req is not None:
                 req.on_output(EngineOutput("", "error", error="the server is shutting down"))
+
+    def _step_once(self, batch: "_Batch | None") -> "_Batch | None":
+        """One turn of the loop: take what was submitted, drop what was cancelled, schedule, decode one token."""
+        self._pull(block=batch is None and not self._groups)
+        if not self._cancels.empty():
+            self._drop_cancelled()
+        if self._groups:
+            batch = self._schedule(batch)
+        if batch is not None:
+            try:
+                batch = self._decode(batch)
+            except Exception as e:
+                log.exception("decode step failed")
+                for r in batch.rows:
+                    r.fail(f"{type(e).__name__}: {e}")
+                batch = None
+        return batch
 
     def _pull(self, *, block: bool) -> None:
         """Move everything submitted so far into the waiting groups (waiting for one when ``block``)."""
@@ -226,7 +238,12 @@ class TransformersEngine:
             group = self._live.get(key)
             if group is None:
                 group = self._live[key] = _Group(key, served=self._step)
-            group.waiting.append(_Row(req, self, group))
+            try:
+                row = _Row(req, self, group)
+            except Exception as e:  # e.g. a seed torch cannot take: this request fails, nobody else
+                req.on_output(EngineOutput("", "error", error=f"{type(e).__name__}: {e}"))
+                continue
+            group.waiting.append(row)
             self._groups[key] = group
 
     def _drop_cancelled(self) -> None:
@@ -283,11 +300,24 @@ class TransformersEngine:
                 self._requeue(rows[i])
         if not admit:
             return batch if batch is not None and batch.rows else None
+        return self._admit_safely(batch, admit)
+
+    def _admit_safely(self, batch: "_Batch | None", rows: list["_Row"]) -> "_Batch | None":
+        """Prefill ``rows`` into the batch. A failing forward pass (a bad input, out of memory) is retried row by
+        row, so only the rows that fail alone fail; the running batch is never touched."""
         try:
-            return self._admit(batch, admit)
-        except Exception as e:  # a bug or out of memory in the newcomers' prefill: the running batch is untouched
+            return self._admit(batch, rows)
+        except _PrefillError as e:
+            if len(rows) == 1:
+                log.warning("prefill failed: %s", e.__cause__)
+                rows[0].fail(f"{type(e.__cause__).__name__}: {e.__cause__}")
+                return batch if batch is not None and batch.rows else None
+            for r in rows:
+                batch = self._admit_safely(batch, [r])
+            return batch
+        except Exception as e:  # after the forward pass (joining the caches): a bug or out of memory
             log.exception("prefill failed")
-            for r in admit:
+            for r in rows:
                 r.fail(f"{type(e).__name__}: {e}")
             return batch if batch is not None and batch.rows else None
 
@@ -341,7 +371,10 @@ class TransformersEngine:
             input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             mask[i, width - len(ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(input_ids, mask, positions, None, rows, logits_to_keep=1)
+        try:
+            logits, cache = self._forward(input_ids, mask, positions, None, rows, logits_to_keep=1)
+        except Exception as e:  # nothing was delivered yet: the rows can be tried again
+            raise _PrefillError() from e
         fresh = _Batch(rows=rows, cache=cache, mask=mask.to(self.device), next_pos=positions[:, -1].to(self.device) + 1)
         tokens = self._sample(logits[:, -1], rows)
         keep = [i for i, (r, t) in enumerate(zip(rows, tokens)) if not r.push(t)]
@@ -425,7 +458,7 @@ class TransformersEngine:
             p = r.req.params
             if p.temperature <= 0:
                 continue
-            scores = logits[i] / p.temperature
+            scores = (logits[i] - logits[i].max()) / p.temperature  # the best token at 0: a tiny temperature cannot overflow
             if p.top_p < 1.0:
                 sorted_scores, order = torch.sort(scores, descending=True)
                 probs = torch.softmax(sorted_scores, dim=-1)
@@ -433,11 +466,18 @@ class TransformersEngine:
                 scores = scores.clone()
                 scores[order[drop]] = float("-inf")
             probs = torch.softmax(scores, dim=-1).cpu()
-            tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+            try:
+                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+            except RuntimeError:  # no valid distribution (non-finite logits): this row decodes greedily, the batch goes on
+                pass
         return tokens
 
 
 # --- per-request state ---------------------------------------------------------------------------
+class _PrefillError(Exception):
+    """The forward pass of a prefill failed (the cause is chained); nothing was delivered to its rows yet."""
+
+
 class _Group:
     """The rows of one API request waiting for a place in the batch, and when it last got or lost one."""
 
@@ -538,10 +578,15 @@ def _holdback(text: str, stops: tuple[str, ...]) -> int:
         return n
     best = 0
     for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
+        if len(s) < 2:
+            continue
+        tail = text[-(len(s) - 1) :]  # the longest end of the text that can still be a stop's beginning
+        i = tail.find(s[0])
+        while i >= 0 and len(tail) - i > best:  # the first match is the longest
+            if s.startswith(tail[i:]):
+                best = len(tail) - i
                 break
+            i = tail.find(s[0], i + 1)
     return best
 
 

@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 MAX_STOP = 16  # stop strings per request
+MAX_STOP_CHARS = 512  # characters of one stop string (each is looked for at every generated token)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit seed, like OpenAI's (the choices of a request use seed, seed + 1, ...)
 
 
 class APIError(Exception):
@@ -125,7 +127,7 @@ class _Sampling(_Body):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     n: int = Field(1, ge=1)  # the most per request is the server's --max-n (serve/admission.py)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -139,6 +141,8 @@ class _Sampling(_Body):
             raise ValueError(f"at most {MAX_STOP} stop strings")
         if any(s == "" for s in items):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"stop strings may have at most {MAX_STOP_CHARS} characters")
         return v
 
     def stop_list(self) -> tuple[str, ...]:
