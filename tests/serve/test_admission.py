@@ -133,6 +133,9 @@ def test_text_far_beyond_the_context_and_too_many_messages_are_400_before_tokeni
     assert _error(r, 400)["param"] == "messages"
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": ""}] * 600}, timeout=60)
     assert _error(r, 400)["code"] == "context_length_exceeded"
+    tool = {"type": "function", "function": {"name": "get_weather", "description": huge}}  # tools are rendered into the prompt too
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "beta", "messages": HI, "tools": [tool]}, timeout=60)
+    assert _error(r, 400)["code"] == "context_length_exceeded"
 
 
 def test_a_body_larger_than_allowed_is_413_also_without_a_length(limited):

@@ -333,7 +333,8 @@ class _Server:
         model = self.check_model(body.model)
         _refuse_unsupported(body.unsupported())
         self.admission.check_shape(n=body.n, prompts=1, messages=len(body.messages))
-        self.admission.check_text(sum(len(m.text()) for m in body.messages), field="messages", max_token_chars=self._token_chars)
+        chars = sum(len(m.text()) for m in body.messages) + _json_chars(body.tools) + sum(_json_chars(m.tool_calls) for m in body.messages)
+        self.admission.check_text(chars, field="messages", max_token_chars=self._token_chars)
         try:
             messages = request_messages(body.messages)
             tools = request_tools(body.tools)
@@ -577,6 +578,11 @@ def _check_tools_rendered(tok: Any, tools: list[dict] | None, messages: list[dic
         f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to '{name}' is missing from the prompt); {fix}",
         param=f"messages[{i}].tool_calls",
     )
+
+
+def _json_chars(value: Any) -> int:
+    """Characters of ``value`` as JSON (tools and tool calls are rendered into the prompt about this long)."""
+    return len(json.dumps(value, ensure_ascii=False, default=str)) if value else 0
 
 
 def _refuse_unsupported(found: tuple[str, str] | None) -> None:
