@@ -176,6 +176,19 @@ SERVE_ADAPTERS_DIR = f"{SERVE_MODELS_DIR}/adapters"  # one sub-folder per adapte
 SERVE_CONTAINER = "vllm"  # main container of the serving Deployment
 LABEL_COMPONENT = "app.kubernetes.io/component"  # "serve" on serving objects, so they never match a training job's pods
 COMPONENT_SERVE = "serve"
+# Fair sharing of the transformers engine's batch between requests (serve/engine.py):
+SERVE_PREEMPT_MIN_STEPS = 32  # a request holding no row may preempt a row that has decoded this many steps since it joined
+SERVE_PREFILL_TOKENS_PER_STEP = 8192  # most tokens prefilled in one step (at least one row joins): long joins spread out
+# Admission control (serve/admission.py). A request occupies, per sequence (prompts x n), prompt + max_tokens tokens.
+SERVE_MAX_REQUEST_TOKENS = 65536  # default --max-request-tokens (or the context length when that is larger)
+SERVE_MAX_QUEUED_TOKENS = 262144  # default --max-queued-tokens: at least this ...
+SERVE_QUEUED_PER_REQUEST = 4  # ... and at least this many of the largest requests at once
+SERVE_BUDGET_RESERVE_FRACTION = 8  # the last 1/8 of the queued-token budget is kept for small requests ...
+SERVE_BUDGET_SMALL_FRACTION = 64  # ... those occupying at most 1/64 of it
+SERVE_CHARS_PER_TOKEN_MARGIN = 4  # text longer than context x longest token x this cannot fit: refused before tokenizing
+SERVE_RETRY_AFTER_MIN_S = 1  # Retry-After of a 429: an estimate from the engine's pace, within these bounds
+SERVE_RETRY_AFTER_MAX_S = 60  # (the openai client honours Retry-After up to 60 s)
+SERVE_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # default --max-request-bytes: larger bodies are a 413, never parsed
 
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings

@@ -198,3 +198,49 @@ def test_a_template_that_drops_tool_calls_is_a_row_error_naming_the_fix(tokenize
 def test_registry_templates_without_a_tool_format_refuse_tool_rows(multi_tokenizer, tmp_path, prepare):
     with pytest.raises(DataError, match=r"rows\.jsonl:1: the llama3 chat template has no format for tools and tool calls"):
         prepare(write_rows(tmp_path / "rows.jsonl", [_weather_row()]), dataset={"chat_template": "llama3"}, tok=multi_tokenizer)
+
+
+# A name the template text or the conversation already contains must not pass for a rendered one (issue 14):
+# `f` is in "of", `user` and `im_start` in every ChatML turn, `Zürich` in the question.
+@pytest.mark.parametrize("name", ["f", "user", "im_start", "Zürich"])
+def test_a_name_found_elsewhere_in_the_text_does_not_pass_for_rendered_tools(tokenizer, tmp_path, prepare, name):
+    tool = {"type": "function", "function": {"name": name, "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    row = {"messages": [{"role": "user", "content": "What is the weather of Zürich?"}, {"role": "assistant", "content": "Sunny."}], "tools": [tool]}
+    with pytest.raises(DataError, match=rf"does not render 'tools' \(the function '{name}' is missing"):
+        prepare(write_rows(tmp_path / "rows.jsonl", [row]), tok=tokenizer)
+    call = {"role": "assistant", "content": "", "tool_calls": [_call(name, {"city": "Zürich"}, "c1")]}
+    row = {"messages": [{"role": "user", "content": "What is the weather of Zürich?"}, call,
+                        {"role": "tool", "tool_call_id": "c1", "content": "18°C"}, {"role": "assistant", "content": "Sunny."}]}
+    with pytest.raises(DataError, match=rf"does not render tool_calls \(the call to '{name}' is missing"):
+        prepare(write_rows(tmp_path / "rows2.jsonl", [row]), tok=tokenizer)
+
+
+@pytest.mark.parametrize("name", ["f", "user"])
+def test_a_template_that_renders_tools_accepts_short_and_template_like_names(tokenizer, tmp_path, prepare, name):
+    tokenizer.chat_template = QWEN_LIKE
+    tool = {"type": "function", "function": {"name": name, "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    call = {"role": "assistant", "content": "", "tool_calls": [_call(name, {"city": "Zürich"}, "c1")]}
+    row = {"messages": [{"role": "user", "content": "Weather?"}, call, {"role": "tool", "tool_call_id": "c1", "content": "18°C"},
+                        {"role": "assistant", "content": "Sunny."}], "tools": [tool]}
+    prep = prepare(write_rows(tmp_path / "rows.jsonl", [row]), training=LONG, tok=tokenizer)
+    assert f'{{"name": "{name}", "arguments": {{"city": "Zürich"}}}}' in tokenizer.decode(prep.train[0]["input_ids"])
+
+
+def test_unrendered_tool_name_falls_back_to_whole_names_when_the_template_refuses_sentinels():
+    """A template that checks its names (here: against a fixed list, which the sentinels are not on) is judged on
+    its real text, by whole names: `f` inside "of" still does not count."""
+    from kubetune.data.templates import unrendered_tool_name
+
+    def strict(tools, msgs, *, show_tools=True, show_calls=True):
+        names = [t["function"]["name"] for t in tools or ()]
+        calls = [c["function"]["name"] for m in msgs for c in m.get("tool_calls") or ()]
+        if any(n != "f" for n in names + calls):
+            raise ValueError("unknown function name")
+        text = " ".join(m["content"] or "" for m in msgs)
+        return text + (" ".join(f"<tool {n}>" for n in names) if show_tools else "") + (" ".join(f"call({c})" for c in calls) if show_calls else "")
+
+    tool = {"type": "function", "function": {"name": "f"}}
+    msgs = [{"role": "user", "content": "weather of Oslo"}, {"role": "assistant", "content": "", "tool_calls": [_call("f", {})]}]
+    assert unrendered_tool_name(strict, [tool], msgs) is None
+    assert unrendered_tool_name(lambda t, m: strict(t, m, show_tools=False), [tool], msgs[:1]) == ("tools", 0, "f")
+    assert unrendered_tool_name(lambda t, m: strict(t, m, show_calls=False), None, msgs) == ("tool_calls", 1, "f")

@@ -32,7 +32,9 @@ def make_adapter(base_dir: Path, out: Path, *, seed: int, r: int = 8, scale: flo
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     extra = {"modules_to_save": modules_to_save, "ensure_weight_tying": True} if modules_to_save else {}
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM", **extra))
+    with torch.random.fork_rng():  # PEFT draws the A matrices from the global generator: the same adapter whatever ran before
+        torch.manual_seed(seed)
+        model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM", **extra))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

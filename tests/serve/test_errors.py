@@ -122,3 +122,18 @@ def test_api_key_missing_or_wrong_is_401(keyed_server):
     # health and metrics stay open for probes and scrapers
     assert httpx.get(f"{keyed_server.url}/health").status_code == 200
     assert "kubetune_serve_requests_total" in httpx.get(f"{keyed_server.url}/metrics").text
+
+
+def test_values_the_engine_cannot_take_are_400_not_a_failed_batch(server):
+    """A seed beyond 64 bits used to raise inside the engine (failing every request admitted with it); stop strings
+    are bounded in length (each is searched at every token)."""
+    for path, body in [
+        ("chat/completions", {"model": "beta", "messages": CHAT, "temperature": 1, "seed": 2**64}),
+        ("completions", {"model": "beta", "prompt": "x", "temperature": 1, "seed": -(2**63) - 1}),
+    ]:
+        r = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "beta", "messages": CHAT, "stop": ["x" * 100_000]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+    ok = server.client().chat.completions.create(model="beta", messages=CHAT, max_tokens=2, temperature=1, seed=2**63 - 1, stop=["y" * 256])
+    assert ok.choices[0].finish_reason == "length"

@@ -175,3 +175,25 @@ def test_what_the_server_cannot_do_with_tools_is_a_400_naming_the_field(tool_ser
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=tool_server.tools_model, messages=[{"role": "user", "content": "hi"}, bad_call], tools=[WEATHER])
     assert e.value.body["param"] == "messages[1].tool_calls" and "not valid JSON" in e.value.body["message"]
+
+
+@pytest.mark.parametrize("name", ["f", "user", "im_start", "Paris"])
+def test_a_name_found_elsewhere_in_the_prompt_does_not_pass_for_rendered_tools(tool_server, name):
+    """`f` is in "of", `user` and `im_start` in every ChatML turn, `Paris` in the question: none of them shows the
+    plain template rendered the tool or the call (issue 14). The template that renders tools takes them all."""
+    import openai
+
+    client = tool_server.client()
+    ask = [{"role": "user", "content": "What is the weather of Paris?"}]
+    tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=tool_server.plain_model, messages=ask, tools=[tool])
+    assert e.value.body["param"] == "tools" and f"the function '{name}' is missing" in e.value.body["message"]
+    history = [*ask, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "18°C"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=tool_server.plain_model, messages=history)
+    assert e.value.body["param"] == "messages[1].tool_calls" and f"the call to '{name}' is missing" in e.value.body["message"]
+    tool_server.engine.reply = "Sunny."
+    r = client.chat.completions.create(model=tool_server.tools_model, messages=history, tools=[tool])
+    assert r.choices[0].message.content == "Sunny."

@@ -35,6 +35,15 @@ def serve(
     max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most requests generated together."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest prompt + completion in tokens (default: the model's context)."),
     default_max_tokens: int = typer.Option(256, "--default-max-tokens", help="Completion length for requests that set no max_tokens."),
+    max_n: int = typer.Option(16, "--max-n", help="Most choices (n) one request may ask for (more: 400)."),
+    max_prompts: int = typer.Option(64, "--max-prompts", help="Most prompts in one /v1/completions request (more: 400)."),
+    max_request_tokens: Optional[int] = typer.Option(
+        None, "--max-request-tokens", help=f"Most tokens one request may occupy: prompts x n x (prompt + max_tokens) (more: 400; default {C.SERVE_MAX_REQUEST_TOKENS} or the context)."
+    ),
+    max_queued_tokens: Optional[int] = typer.Option(
+        None, "--max-queued-tokens", help=f"Most tokens all admitted requests may occupy together (more: 429 with Retry-After; default {C.SERVE_MAX_QUEUED_TOKENS} or 4 x --max-request-tokens)."
+    ),
+    max_request_bytes: int = typer.Option(C.SERVE_MAX_REQUEST_BYTES, "--max-request-bytes", help="Largest request body in bytes (more: 413)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass an argument to vLLM unchanged (--engine vllm), e.g. --vllm-arg=--gpu-memory-utilization=0.8."),
 ) -> None:
@@ -51,6 +60,11 @@ def serve(
         max_batch_size=max_batch_size,
         max_model_len=max_model_len,
         default_max_tokens=default_max_tokens,
+        max_n=max_n,
+        max_prompts=max_prompts,
+        max_request_tokens=max_request_tokens,
+        max_queued_tokens=max_queued_tokens,
+        max_request_bytes=max_request_bytes,
         dtype=dtype,
         extra_vllm_args=tuple(vllm_arg),
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -33,6 +34,7 @@ __all__ = [
     "TemplateRowError",
     "resolve_template",
     "template_names",
+    "unrendered_tool_name",
 ]
 
 # A normalized message: (role, content, trained). ``trained`` is already decided by the format
@@ -366,8 +368,8 @@ class JinjaTemplate:
         """The conversation as text, with the spans to train marked."""
         msgs = [{"role": r, "content": c, **((extras[i] or {}) if extras else {})} for i, (r, c, _) in enumerate(messages)]
         text = self._apply(msgs, add_generation_prompt, tools)
-        if tools or extras:
-            _check_tools_rendered(text, tools, extras)
+        if tools or any(m.get("tool_calls") for m in msgs):
+            _check_tools_rendered(lambda t, m: self._apply(m, add_generation_prompt, t), tools, msgs)
         if train_all:
             return Rendered(text, [(0, len(text))] if text else [])
         inconsistent = False
@@ -445,24 +447,78 @@ class JinjaTemplate:
         return Rendered("".join(out), shifted, prefix_inconsistent=inconsistent, eos_inserted=bool(spans))
 
 
-def _check_tools_rendered(text: str, tools: list[dict] | None, extras: Sequence[dict | None] | None) -> None:
+def _check_tools_rendered(render: Callable[[list[dict] | None, list[dict]], str], tools: list[dict] | None, msgs: list[dict]) -> None:
     """A template without tool support drops ``tools`` and ``tool_calls`` silently: training would then teach
-    answers without their calls. Every function name must appear in the rendered text."""
-    for tool in tools or ():
-        name = (tool.get("function") or {}).get("name") if isinstance(tool.get("function"), dict) else tool.get("name")
-        if name and name not in text:
-            raise TemplateRowError(
-                f"the tokenizer's chat template does not render 'tools' (the function '{name}' is missing from the "
-                "text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
-            )
-    for extra in extras or ():
-        for call in (extra or {}).get("tool_calls") or ():
-            name = call["function"]["name"]
-            if name not in text:
-                raise TemplateRowError(
-                    f"the tokenizer's chat template does not render tool_calls (the call to '{name}' is missing from "
-                    "the text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
-                )
+    answers without their calls. Every function name must be rendered (see :func:`unrendered_tool_name`)."""
+    missing = unrendered_tool_name(render, tools, msgs)
+    if missing is None:
+        return
+    where, _, name = missing
+    if where == "tools":
+        raise TemplateRowError(
+            f"the tokenizer's chat template does not render 'tools' (the function '{name}' is missing from the "
+            "text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
+        )
+    raise TemplateRowError(
+        f"the tokenizer's chat template does not render tool_calls (the call to '{name}' is missing from "
+        "the text); set dataset.chat_template: chatml for the Hermes/Qwen2.5 tool format"
+    )
+
+
+def unrendered_tool_name(
+    render: Callable[[list[dict] | None, list[dict]], str], tools: list[dict] | None, messages: list[dict]
+) -> tuple[str, int, str] | None:
+    """The first function name a chat template leaves out of its text, or None when it renders them all.
+
+    Templates without tool support drop ``tools`` and the messages' ``tool_calls`` without a word. Looking for
+    the names in the rendered text cannot tell: a name also found in the template's own text or in the
+    conversation passes (a tool named ``f`` is "in" every "of", one named ``user`` in every ChatML turn). So
+    every name is replaced by a sentinel of its own, which nothing else contains, and the conversation is
+    rendered again: a name is rendered exactly when its sentinel is in that text.
+
+    Args:
+        render: ``render(tools, messages) -> text``, the template applied as the caller applies it.
+        tools: function schemas (OpenAI's ``{"type": "function", "function": {"name", ...}}`` or a bare schema).
+        messages: the conversation; assistant messages may carry ``tool_calls``.
+
+    Returns:
+        ``("tools", j, name)`` for ``tools[j]``, ``("tool_calls", i, name)`` for a call of ``messages[i]``, or None.
+        When the template refuses the sentinels (it raises), names are looked for as whole words instead.
+    """
+    tag = f"kubetune_fn_{uuid.uuid4().hex[:12]}"
+    found: list[tuple[str, str, int, str]] = []  # (sentinel, where, index, name)
+    new_tools = []
+    for j, tool in enumerate(tools or ()):
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else None
+        name = (fn or tool).get("name")
+        if not isinstance(name, str) or not name:
+            new_tools.append(tool)
+            continue
+        sentinel = f"{tag}_{len(found)}"
+        found.append((sentinel, "tools", j, name))
+        new_tools.append({**tool, "function": {**fn, "name": sentinel}} if fn is not None else {**tool, "name": sentinel})
+    new_msgs = []
+    for i, m in enumerate(messages):
+        calls = []
+        for call in m.get("tool_calls") or ():
+            sentinel = f"{tag}_{len(found)}"
+            found.append((sentinel, "tool_calls", i, call["function"]["name"]))
+            calls.append({**call, "function": {**call["function"], "name": sentinel}})
+        new_msgs.append({**m, "tool_calls": calls} if calls else m)
+    if not found:
+        return None
+    try:
+        text = render(new_tools if tools else None, new_msgs).lower()
+    except Exception:  # e.g. a template that looks calls up in tools by name: judge the real text, by whole names
+        plain = render(tools, messages)
+        for _, where, index, name in found:
+            if not re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", plain):
+                return where, index, name
+        return None
+    for sentinel, where, index, name in found:
+        if sentinel not in text:
+            return where, index, name
+    return None
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -24,6 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..data.templates import unrendered_tool_name
+from .admission import Admission, Limits, Ticket
 from .engine import EngineOutput, EngineRequest, LoadedModels, SamplingParams, load_engine
 from .metrics import ServeMetrics
 from .options import ServeOptions
@@ -59,8 +61,9 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
     metrics = ServeMetrics()
     loaded = loaded or load_engine(plan, options)
     loaded.engine.on_step = metrics.on_step
-    metrics.bind(running=lambda: loaded.engine.running, waiting=lambda: loaded.engine.waiting)
+    loaded.engine.on_preempt = metrics.preemptions.inc
     server = _Server(plan, options, loaded, metrics)
+    metrics.bind(running=lambda: loaded.engine.running, waiting=lambda: loaded.engine.waiting, admitted=lambda: server.admission.used)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -76,7 +79,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
     # -- errors: always OpenAI's body ------------------------------------------------------------
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
@@ -92,7 +95,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", type="server_error"), status_code=500)
 
-    app.add_middleware(_Gate, api_key=options.api_key, metrics=metrics)
+    app.add_middleware(_Gate, api_key=options.api_key, metrics=metrics, max_body=options.max_request_bytes)
 
     # -- routes -----------------------------------------------------------------------------------
     @app.get("/health")
@@ -118,6 +121,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         job = server.chat_job(body)
         request.state.model = job.model
+        server.admit(job, request)
         if body.stream:
             return StreamingResponse(server.stream(job, chat=True), media_type="text/event-stream", headers=_SSE_HEADERS)
         return await server.collect(job, chat=True, request=request)
@@ -126,6 +130,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
     async def completions(body: CompletionRequest, request: Request):
         job = server.completion_job(body)
         request.state.model = job.model
+        server.admit(job, request)
         if body.stream:
             return StreamingResponse(server.stream(job, chat=False), media_type="text/event-stream", headers=_SSE_HEADERS)
         return await server.collect(job, chat=False, request=request)
@@ -178,12 +183,15 @@ _DISCONNECT_POLL_SECONDS = 0.25  # how often a waiting non-streaming request che
 
 
 class _Gate:
-    """ASGI middleware: the API key check on /v1/*, and the request counter (endpoint, model, status)."""
+    """ASGI middleware: the API key check on /v1/*, the body size limit, the request counter (endpoint, model,
+    status), and the end of every admitted request: whatever way its response ends (finished, failed, client
+    gone, even before a stream started), its engine requests are cancelled and its admission tokens released."""
 
-    def __init__(self, app: Any, *, api_key: str | None, metrics: ServeMetrics) -> None:
+    def __init__(self, app: Any, *, api_key: str | None, metrics: ServeMetrics, max_body: int) -> None:
         self.app = app
         self.api_key = api_key
         self.metrics = metrics
+        self.max_body = max_body
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -200,19 +208,55 @@ class _Gate:
                 response = JSONResponse(error_body(problem, code="invalid_api_key"), status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"").strip()
+        if declared.isdigit() and int(declared) > self.max_body:
+            await self._too_large(scope, receive, send, endpoint)
+            return
         status = 500
+        received = 0
+        too_large = False
 
         async def send_and_note(message: dict) -> None:
             nonlocal status
+            if too_large:  # the app's answer to a body it could not read whole is replaced by the 413 below
+                return
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
 
+        async def receive_counted() -> dict:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:  # a body sent without a length (chunked): stop reading it
+                    too_large = True
+                    raise _BodyTooLarge()
+            return message
+
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive_counted, send_and_note)
+        except _BodyTooLarge:
+            pass
         finally:
-            model = (scope.get("state") or {}).get("model", "")
-            self.metrics.observe_request(endpoint, model, status)
+            state = scope.get("state") or {}
+            job = state.get("job")
+            if job is not None:
+                job.release()
+            if not too_large:
+                self.metrics.observe_request(endpoint, state.get("model", ""), status)
+        if too_large:
+            await self._too_large(scope, receive, send, endpoint)
+
+    async def _too_large(self, scope: dict, receive: Any, send: Any, endpoint: str) -> None:
+        self.metrics.observe_request(endpoint, "", 413)
+        message = f"the request body is larger than this server accepts ({self.max_body} bytes, kubetune serve --max-request-bytes)"
+        response = JSONResponse(error_body(message, code="request_too_large"), status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    """Raised into the app when a request body passes the size limit while it is being read."""
 
 
 class _Job:
@@ -228,14 +272,24 @@ class _Job:
         self.include_usage = include_usage
         self.echo = echo  # completions with echo: the prompt text of each choice
         self.tool_calls = False  # chat with tools offered: replies are read for <tool_call> blocks (serve/tools.py)
+        self.max_tokens_given = False  # the request set max_tokens (else the server's default filled it in)
         self.started = time.monotonic()
         self.id = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
         self.created = now()
+        self.ticket: Ticket | None = None  # its admission tokens, once admitted
+        self.requests: list[EngineRequest] = []  # its generations, once submitted
 
     @property
     def prompt_tokens(self) -> int:
         # n choices of one prompt count the prompt once, like OpenAI's usage
         return sum(len(p) for p in self.prompts[:: self.n])
+
+    def release(self) -> None:
+        """The request is over (answered, failed or abandoned): stop its generations, give back its tokens."""
+        for r in self.requests:
+            r.cancel()  # no-op for finished ones
+        if self.ticket is not None:
+            self.ticket.release()
 
 
 class _Server:
@@ -247,6 +301,9 @@ class _Server:
         self.loaded = loaded
         self.metrics = metrics
         self.created = now()
+        engine = loaded.engine
+        self.admission = Admission(Limits(options, loaded.context_length), throughput=lambda: getattr(engine, "tokens_per_second", 0.0))
+        self._token_chars = max(map(len, loaded.tokenizer.get_vocab()), default=1)  # the longest token's characters
 
     # -- models -----------------------------------------------------------------------------------
     def check_model(self, model: str) -> str:
@@ -275,6 +332,9 @@ class _Server:
     def chat_job(self, body: ChatCompletionRequest) -> _Job:
         model = self.check_model(body.model)
         _refuse_unsupported(body.unsupported())
+        self.admission.check_shape(n=body.n, prompts=1, messages=len(body.messages))
+        chars = sum(len(m.text()) for m in body.messages) + _json_chars(body.tools) + sum(_json_chars(m.tool_calls) for m in body.messages)
+        self.admission.check_text(chars, field="messages", max_token_chars=self._token_chars)
         try:
             messages = request_messages(body.messages)
             tools = request_tools(body.tools)
@@ -287,7 +347,7 @@ class _Server:
         try:
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, **extra)["input_ids"]
             if tools or any(m.get("tool_calls") for m in messages):
-                _check_tools_rendered(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra), tools, messages, model)
+                _check_tools_rendered(tok, tools, messages, model)
         except APIError:
             raise
         except Exception as e:  # the template itself refuses (e.g. roles must alternate)
@@ -295,6 +355,7 @@ class _Server:
         params = self._params(body, len(ids), prompt_field="messages")
         job = _Job(model, "chat", [list(ids)] * body.n, params, self._adapter(model), n=body.n, include_usage=body.include_usage())
         job.tool_calls = body.parses_tool_calls()
+        job.max_tokens_given = body.limit() is not None
         return job
 
     def completion_job(self, body: CompletionRequest) -> _Job:
@@ -303,9 +364,12 @@ class _Server:
         tok = self.loaded.tokenizer
         prompts: list[list[int]] = []
         texts: list[str] = []
-        for i, p in enumerate(body.prompts()):
+        given = body.prompts()
+        self.admission.check_shape(n=body.n, prompts=len(given))
+        for i, p in enumerate(given):
             where = "prompt" if isinstance(body.prompt, str) or _is_token_list(body.prompt) else f"prompt[{i}]"
             if isinstance(p, str):
+                self.admission.check_text(len(p), field=where, max_token_chars=self._token_chars)
                 ids = list(tok(p)["input_ids"])
                 texts.append(p)
             else:
@@ -324,7 +388,22 @@ class _Server:
             params += self._params(body, len(ids), prompt_field="prompt")
         choices = [ids for ids in prompts for _ in range(body.n)]
         echo = [t for t in texts for _ in range(body.n)] if body.echo else None
-        return _Job(model, "completions", choices, params, self._adapter(model), n=body.n, include_usage=body.include_usage(), echo=echo)
+        job = _Job(model, "completions", choices, params, self._adapter(model), n=body.n, include_usage=body.include_usage(), echo=echo)
+        job.max_tokens_given = body.limit() is not None
+        return job
+
+    def admit(self, job: _Job, request: Request) -> None:
+        """Admit ``job``: 400 when one request may not occupy that many tokens, 429 when the server is saturated.
+
+        The job is recorded on the request, so that the middleware ends it (cancels its generations, releases
+        its tokens) however its response ends.
+        """
+        lengths = [len(p) for p in job.prompts]
+        limits = [p.max_tokens for p in job.params]
+        field = "messages" if job.endpoint == "chat" else "prompt"
+        cost = self.admission.check_cost(lengths, limits, n=job.n, prompt_field=field, max_tokens_given=job.max_tokens_given)
+        job.ticket = self.admission.reserve(cost)
+        request.state.job = job
 
     def _adapter(self, model: str) -> str | None:
         adapter = self.plan.adapter_for(model)
@@ -360,6 +439,7 @@ class _Server:
 
     # -- engine outputs -> responses ----------------------------------------------------------------
     def _submit(self, job: _Job, *, stream: bool) -> tuple[asyncio.Queue, list[EngineRequest]]:
+        """Hand the job's generations to the engine; their outputs arrive on the returned queue as (index, output)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
 
@@ -373,8 +453,9 @@ class _Server:
             return put
 
         requests = [
-            EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter, stream=stream) for i, (ids, p) in enumerate(zip(job.prompts, job.params))
+            EngineRequest(prompt_ids=ids, params=p, on_output=sink(i), adapter=job.adapter, stream=stream, group=job) for i, (ids, p) in enumerate(zip(job.prompts, job.params))
         ]
+        job.requests = requests
         for r in requests:
             self.loaded.engine.submit(r)
         return outputs, requests
@@ -399,8 +480,7 @@ class _Server:
                     if out.finish_reason == "error":
                         raise APIError(500, f"generation failed: {out.error}", type="server_error")
         finally:
-            for r in requests:
-                r.cancel()  # no-op for finished ones; stops the rest when this request fails or is abandoned
+            job.release()  # stops the rest when this request fails or is abandoned; gives its tokens back
         self._observe(job, None, sum(tokens))  # time to first token: streams only
         if job.echo:
             texts = [e + t for e, t in zip(job.echo, texts)]
@@ -456,8 +536,7 @@ class _Server:
                 yield _sse(build(job.id, job.model, job.created, usage=(job.prompt_tokens, sum(tokens))))
             yield "data: [DONE]\n\n"
         finally:
-            for r in requests:
-                r.cancel()  # the client went away: free its rows at the next step
+            job.release()  # the client went away: free its rows at the next step and its tokens now
 
     def _observe(self, job: _Job, first: float | None, completion_tokens: int) -> None:
         end = time.monotonic()
@@ -480,23 +559,30 @@ def _tool_message(text: str, reason: str | None) -> tuple[dict, str | None]:
     return {"role": "assistant", "content": content, "tool_calls": calls}, ("tool_calls" if reason == "stop" else reason)
 
 
-def _check_tools_rendered(prompt: str, tools: list[dict] | None, messages: list[dict], model: str) -> None:
+def _check_tools_rendered(tok: Any, tools: list[dict] | None, messages: list[dict], model: str) -> None:
     """A chat template without tool support drops ``tools`` and earlier ``tool_calls`` silently: the model would
-    never see them. Every function name must be in the prompt."""
+    never see them. Every function name must be rendered (data/templates.py: :func:`unrendered_tool_name`)."""
+
+    def render(t: list[dict] | None, m: list[dict]) -> str:
+        return tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **({"tools": t} if t else {}))
+
+    missing = unrendered_tool_name(render, tools, messages)
+    if missing is None:
+        return
+    where, i, name = missing
     fix = "serve a model whose template has a tool format, e.g. one trained with dataset.chat_template: chatml"
-    for t in tools or ():
-        name = t["function"].get("name") if isinstance(t.get("function"), dict) else None
-        if name and name not in prompt:
-            raise APIError(400, f"tools: the chat template of `{model}` does not render tools (the function '{name}' is missing from the prompt); {fix}", param="tools")
-    for i, m in enumerate(messages):
-        for call in m.get("tool_calls") or ():
-            if call["function"]["name"] not in prompt:
-                raise APIError(
-                    400,
-                    f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to "
-                    f"'{call['function']['name']}' is missing from the prompt); {fix}",
-                    param=f"messages[{i}].tool_calls",
-                )
+    if where == "tools":
+        raise APIError(400, f"tools: the chat template of `{model}` does not render tools (the function '{name}' is missing from the prompt); {fix}", param="tools")
+    raise APIError(
+        400,
+        f"messages[{i}].tool_calls: the chat template of `{model}` does not render tool calls (the call to '{name}' is missing from the prompt); {fix}",
+        param=f"messages[{i}].tool_calls",
+    )
+
+
+def _json_chars(value: Any) -> int:
+    """Characters of ``value`` as JSON (tools and tool calls are rendered into the prompt about this long)."""
+    return len(json.dumps(value, ensure_ascii=False, default=str)) if value else 0
 
 
 def _refuse_unsupported(found: tuple[str, str] | None) -> None:

@@ -8,6 +8,17 @@ longest request of a batch. Requests for different LoRA adapters share a batch (
 forward, ``adapter_names``). Sampling is per request: greedy, or temperature/top-p with its own seeded
 generator, so a seeded request gives the same text alone or in a crowd.
 
+The batch is shared fairly between API requests (a ``group``: the n choices and prompts of one request),
+not handed out in arrival order, so one request with many long sequences cannot starve the others:
+
+- a free row goes to the waiting group with the fewest rows in the batch (ties: the one served longest ago);
+- when the batch is full, a row of a group holding at least two rows more than a waiting group is
+  preempted for it at once, and a waiting group holding no row at all preempts a row that has run
+  ``SERVE_PREEMPT_MIN_STEPS`` steps since it joined (time slices when there are more groups than rows);
+- a preempted row keeps its tokens, text and sampler and goes back to the front of its group; when it
+  returns, its prompt and the tokens it already generated are prefilled again (its KV cache was dropped),
+  and it continues exactly where it stopped.
+
 Outputs go back through each request's ``on_output`` callback, called on the engine thread with text
 deltas that never split a UTF-8 character or leak the beginning of a stop string.
 """
@@ -18,6 +29,8 @@ import logging
 import queue
 import threading
 import time
+import weakref
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -65,12 +78,18 @@ class EngineRequest:
     on_output: Callable[[EngineOutput], None]
     adapter: str | None = None
     stream: bool = True  # False: one output at the end (no per-token text to decode and hand over)
+    group: Any = None  # the API request this generation belongs to (the unit the batch is shared by); None: itself
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    _on_cancel: Callable[[], None] | None = field(default=None, repr=False)  # set by the engine at submit
 
     def cancel(self) -> None:
         """Stop generating (the client went away); takes effect at the next decode step."""
+        if self.cancelled:
+            return
         self.cancelled = True
+        if self._on_cancel is not None:
+            self._on_cancel()
 
 
 class TransformersEngine:
@@ -105,13 +124,22 @@ class TransformersEngine:
         self.on_step = on_step
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids, default=0)
-        self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
+        self._queue: queue.Queue[EngineRequest | None] = queue.Queue()  # submitted, not yet seen by the engine thread
+        self._groups: dict[Any, _Group] = {}  # engine thread only: groups with rows waiting for a place in the batch
+        self._live: weakref.WeakValueDictionary[Any, _Group] = weakref.WeakValueDictionary()  # every group that has rows
+        self._cancels: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()  # cancelled requests: look through their groups
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._torch = torch
+        self._step = 0  # decode steps so far (the clock of round-robin order)
         self.running = 0  # requests in the batch now
+        self.queued = 0  # requests the engine thread holds outside the batch (never started, or preempted)
         self.max_rows_seen = 0  # the largest batch so far (tests and metrics)
         self.cancelled_count = 0  # requests dropped because their client went away
+        self.preempted_count = 0  # rows taken out of the batch to give another request its share
+        self.tokens_per_second = 0.0  # the decode pace now (moving average), for Retry-After estimates
+        self._last_step = 0.0
+        self.on_preempt: Callable[[], None] | None = None  # metrics hook
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -135,40 +163,38 @@ class TransformersEngine:
 
     @property
     def waiting(self) -> int:
-        """Requests submitted but not yet in the batch."""
-        return self._queue.qsize()
+        """Requests submitted but not in the batch now (not started yet, or preempted)."""
+        return self._queue.qsize() + self.queued
 
     def submit(self, request: EngineRequest) -> None:
         """Queue a request; its outputs arrive through ``request.on_output``."""
         if self._stopping.is_set():
             request.on_output(EngineOutput("", "error", error="the server is shutting down"))
             return
+        request._on_cancel = lambda: self._cancels.put(request)
         self._queue.put(request)
 
     # -- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
         batch: _Batch | None = None
         while not self._stopping.is_set():
-            new = self._take(self.max_batch_size - (len(batch.rows) if batch else 0), block=batch is None)
-            if new:
-                try:
-                    batch = self._admit(batch, new)
-                except Exception as e:  # a bug or out of memory: fail everyone in flight, keep serving
-                    log.exception("prefill failed")
-                    for r in (batch.rows if batch else []) + [_Row(req, self) for req in new]:
-                        r.fail(f"{type(e).__name__}: {e}")
-                    batch = None
-            if batch is not None:
-                try:
-                    batch = self._decode(batch)
-                except Exception as e:
-                    log.exception("decode step failed")
-                    for r in batch.rows:
-                        r.fail(f"{type(e).__name__}: {e}")
-                    batch = None
+            try:
+                batch = self._step_once(batch)
+            except Exception as e:  # a bug: fail everything in flight, but never stop serving
+                log.exception("engine step failed")
+                for r in [*(batch.rows if batch else []), *(r for g in self._groups.values() for r in g.waiting)]:
+                    r.fail(f"{type(e).__name__}: {e}")
+                self._groups.clear()
+                batch = None
             self.running = len(batch.rows) if batch else 0
+            self.queued = sum(len(g.waiting) for g in self._groups.values())
         for r in batch.rows if batch else []:
             r.fail("the server is shutting down")
+        for g in self._groups.values():
+            for r in g.waiting:
+                r.fail("the server is shutting down")
+        self._groups.clear()
+        self.queued = 0
         while True:
             try:
                 req = self._queue.get_nowait()
@@ -177,43 +203,178 @@ class TransformersEngine:
             if req is not None:
                 req.on_output(EngineOutput("", "error", error="the server is shutting down"))
 
-    def _take(self, room: int, *, block: bool) -> list[EngineRequest]:
-        out: list[EngineRequest] = []
-        if room <= 0:
-            return out
-        if block:
-            item = self._queue.get()
-            if item is None:
-                return out
-            out.append(item)
-        while len(out) < room:
+    def _step_once(self, batch: "_Batch | None") -> "_Batch | None":
+        """One turn of the loop: take what was submitted, drop what was cancelled, schedule, decode one token."""
+        self._pull(block=batch is None and not self._groups)
+        if not self._cancels.empty():
+            self._drop_cancelled()
+        if self._groups:
+            batch = self._schedule(batch)
+        if batch is not None:
             try:
-                item = self._queue.get_nowait()
+                batch = self._decode(batch)
+            except Exception as e:
+                log.exception("decode step failed")
+                for r in batch.rows:
+                    r.fail(f"{type(e).__name__}: {e}")
+                batch = None
+        return batch
+
+    def _pull(self, *, block: bool) -> None:
+        """Move everything submitted so far into the waiting groups (waiting for one when ``block``)."""
+        while True:
+            try:
+                req = self._queue.get() if block else self._queue.get_nowait()
             except queue.Empty:
-                break
-            if item is None:
-                break
-            out.append(item)
-        return [r for r in out if not (r.cancelled and self._drop(r))]
+                return
+            block = False
+            if req is None:  # shutdown
+                return
+            if req.cancelled:
+                self.cancelled_count += 1
+                req.on_output(EngineOutput("", "cancelled"))
+                continue
+            key = req if req.group is None else req.group
+            group = self._live.get(key)
+            if group is None:
+                group = self._live[key] = _Group(key, served=self._step)
+            try:
+                row = _Row(req, self, group)
+            except Exception as e:  # e.g. a seed torch cannot take: this request fails, nobody else
+                req.on_output(EngineOutput("", "error", error=f"{type(e).__name__}: {e}"))
+                continue
+            group.waiting.append(row)
+            self._groups[key] = group
 
-    def _drop(self, req: EngineRequest) -> bool:
-        self.cancelled_count += 1
-        req.on_output(EngineOutput("", "cancelled"))
-        return True
+    def _drop_cancelled(self) -> None:
+        """Answer and forget waiting rows whose client went away (running ones leave at the next decode step)."""
+        keys = set()
+        while not self._cancels.empty():
+            req = self._cancels.get_nowait()
+            keys.add(req if req.group is None else req.group)
+        for key in keys:
+            g = self._groups.get(key)
+            if g is None:
+                continue
+            for r in [r for r in g.waiting if r.req.cancelled]:
+                r.cancel()
+            g.waiting = deque(r for r in g.waiting if not r.req.cancelled)
+            if not g.waiting:
+                del self._groups[key]
 
-    # -- prefill: new requests join the batch -----------------------------------------------------
-    def _admit(self, batch: "_Batch | None", new: list[EngineRequest]) -> "_Batch | None":
+    # -- scheduling: who gets a row of the batch ------------------------------------------------------
+    def _schedule(self, batch: "_Batch | None") -> "_Batch | None":
+        """Give free rows, and rows taken from over-served groups, to waiting groups; prefill the newcomers."""
+        rows = batch.rows if batch else []
+        held = Counter(r.group for r in rows)
+        room = self.max_batch_size - len(rows)
+        evict: list[int] = []
+        admit: list[_Row] = []
+        prefill = 0
+        lost: set[_Group] = set()  # groups that lost a row in this round wait for the next one
+        while prefill < C.SERVE_PREFILL_TOKENS_PER_STEP or not admit:
+            group = self._next_group(held, lost)
+            if group is None:
+                break
+            if room == 0:
+                victim = self._victim(rows, held, group, evict)
+                if victim is None:
+                    break
+                evict.append(victim)
+                held[rows[victim].group] -= 1
+                lost.add(rows[victim].group)
+                room += 1
+            row = group.waiting.popleft()
+            if not group.waiting:
+                del self._groups[group.key]
+            group.served = self._step
+            held[group] += 1
+            room -= 1
+            prefill += row.length
+            admit.append(row)
+        if evict:
+            gone = set(evict)
+            assert batch is not None
+            batch = batch.select([i for i in range(len(rows)) if i not in gone])
+            for i in sorted(evict, reverse=True):
+                self._requeue(rows[i])
+        if not admit:
+            return batch if batch is not None and batch.rows else None
+        return self._admit_safely(batch, admit)
+
+    def _admit_safely(self, batch: "_Batch | None", rows: list["_Row"]) -> "_Batch | None":
+        """Prefill ``rows`` into the batch. A failing forward pass (a bad input, out of memory) is retried row by
+        row, so only the rows that fail alone fail; the running batch is never touched."""
+        try:
+            return self._admit(batch, rows)
+        except _PrefillError as e:
+            if len(rows) == 1:
+                log.warning("prefill failed: %s", e.__cause__)
+                rows[0].fail(f"{type(e.__cause__).__name__}: {e.__cause__}")
+                return batch if batch is not None and batch.rows else None
+            for r in rows:
+                batch = self._admit_safely(batch, [r])
+            return batch
+        except Exception as e:  # after the forward pass (joining the caches): a bug or out of memory
+            log.exception("prefill failed")
+            for r in rows:
+                r.fail(f"{type(e).__name__}: {e}")
+            return batch if batch is not None and batch.rows else None
+
+    def _next_group(self, held: Counter, lost: set) -> "_Group | None":
+        """The waiting group to serve next: fewest rows in the batch, then served longest ago, then oldest."""
+        best = None
+        for g in self._groups.values():
+            if g in lost:
+                continue
+            rank = (held[g], g.served, g.order)
+            if best is None or rank < best[0]:
+                best = (rank, g)
+        return best[1] if best else None
+
+    def _victim(self, rows: list["_Row"], held: Counter, group: "_Group", evicted: list[int]) -> int | None:
+        """The batch row to preempt for ``group`` (None: it waits): from the group holding most rows, the row that
+        has run longest since it joined; only if that group holds two rows more, or ``group`` holds none and the
+        row has had its time slice."""
+        best = None
+        mine = held[group]
+        for i, r in enumerate(rows):
+            if r.group is group or i in evicted:
+                continue
+            theirs = held[r.group]
+            if not (theirs >= mine + 2 or (mine == 0 and r.ran >= C.SERVE_PREEMPT_MIN_STEPS)):
+                continue
+            rank = (theirs, r.ran)
+            if best is None or rank > best[0]:
+                best = (rank, i)
+        return best[1] if best else None
+
+    def _requeue(self, row: "_Row") -> None:
+        """A preempted row waits again, first in its group; it keeps its tokens and its sampler."""
+        self.preempted_count += 1
+        if self.on_preempt is not None:
+            self.on_preempt()
+        row.ran = 0
+        group = row.group
+        group.served = self._step
+        group.waiting.appendleft(row)
+        self._groups.setdefault(group.key, group)
+
+    # -- prefill: new (or resumed) requests join the batch -----------------------------------------
+    def _admit(self, batch: "_Batch | None", rows: list["_Row"]) -> "_Batch | None":
         torch = self._torch
-        rows = [_Row(req, self) for req in new]
-        width = max(len(r.req.prompt_ids) for r in rows)
+        width = max(r.length for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            n = len(r.req.prompt_ids)
-            input_ids[i, width - n :] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
-            mask[i, width - n :] = 1
+            ids = r.req.prompt_ids + r.tokens  # a resumed row: its generated tokens are prefilled again
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            mask[i, width - len(ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(input_ids, mask, positions, None, rows, logits_to_keep=1)
+        try:
+            logits, cache = self._forward(input_ids, mask, positions, None, rows, logits_to_keep=1)
+        except Exception as e:  # nothing was delivered yet: the rows can be tried again
+            raise _PrefillError() from e
         fresh = _Batch(rows=rows, cache=cache, mask=mask.to(self.device), next_pos=positions[:, -1].to(self.device) + 1)
         tokens = self._sample(logits[:, -1], rows)
         keep = [i for i, (r, t) in enumerate(zip(rows, tokens)) if not r.push(t)]
@@ -235,11 +396,23 @@ class TransformersEngine:
         positions = batch.next_pos[:, None]
         logits, cache = self._forward(input_ids, mask, positions, batch.cache, batch.rows)
         batch = _Batch(rows=batch.rows, cache=cache, mask=mask, next_pos=batch.next_pos + 1)
+        self._pace(len(batch.rows))
+        self._step += 1
+        for r in batch.rows:
+            r.ran += 1
         tokens = self._sample(logits[:, -1], batch.rows)
         keep = [i for i, (r, t) in enumerate(zip(batch.rows, tokens)) if not r.push(t)]
         if len(keep) < len(batch.rows):
             batch = batch.select(keep)
         return batch if batch.rows else None
+
+    def _pace(self, rows: int) -> None:
+        """Update the tokens-per-second average with a decode step of ``rows`` rows (idle time not counted)."""
+        t = time.monotonic()
+        dt, self._last_step = t - self._last_step, t
+        if 0 < dt < 5.0:
+            rate = rows / dt
+            self.tokens_per_second = rate if not self.tokens_per_second else 0.9 * self.tokens_per_second + 0.1 * rate
 
     def _forward(self, input_ids, mask, positions, cache, rows: list["_Row"], **kw):
         from transformers import DynamicCache
@@ -285,7 +458,7 @@ class TransformersEngine:
             p = r.req.params
             if p.temperature <= 0:
                 continue
-            scores = logits[i] / p.temperature
+            scores = (logits[i] - logits[i].max()) / p.temperature  # the best token at 0: a tiny temperature cannot overflow
             if p.top_p < 1.0:
                 sorted_scores, order = torch.sort(scores, descending=True)
                 probs = torch.softmax(sorted_scores, dim=-1)
@@ -293,17 +466,39 @@ class TransformersEngine:
                 scores = scores.clone()
                 scores[order[drop]] = float("-inf")
             probs = torch.softmax(scores, dim=-1).cpu()
-            tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+            try:
+                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
+            except RuntimeError:  # no valid distribution (non-finite logits): this row decodes greedily, the batch goes on
+                pass
         return tokens
 
 
 # --- per-request state ---------------------------------------------------------------------------
+class _PrefillError(Exception):
+    """The forward pass of a prefill failed (the cause is chained); nothing was delivered to its rows yet."""
+
+
+class _Group:
+    """The rows of one API request waiting for a place in the batch, and when it last got or lost one."""
+
+    _counter = 0
+
+    def __init__(self, key: Any, *, served: int) -> None:
+        self.key = key
+        self.waiting: deque[_Row] = deque()
+        self.served = served  # the step at which it last got or lost a row (round-robin order)
+        _Group._counter += 1
+        self.order = _Group._counter  # arrival order breaks the remaining ties
+
+
 class _Row:
     """One request in the batch: generated tokens, the text already sent, its sampler."""
 
-    def __init__(self, req: EngineRequest, engine: TransformersEngine) -> None:
+    def __init__(self, req: EngineRequest, engine: TransformersEngine, group: _Group | None = None) -> None:
         self.req = req
         self.engine = engine
+        self.group = group or _Group(req, served=0)
+        self.ran = 0  # decode steps since it (last) joined the batch
         self.tokens: list[int] = []
         self.sent = 0  # characters of the decoded text already delivered
         self.checked = 0  # characters of the decoded text already searched for stop strings
@@ -317,6 +512,11 @@ class _Row:
                 self.generator.manual_seed(req.params.seed)
             else:
                 self.generator.seed()
+
+    @property
+    def length(self) -> int:
+        """Tokens to prefill when it joins the batch: the prompt and what it generated before a preemption."""
+        return len(self.req.prompt_ids) + len(self.tokens)
 
     def push(self, token: int) -> bool:
         """Add a generated token and deliver new text (streaming requests); True when the request is finished."""
@@ -378,10 +578,15 @@ def _holdback(text: str, stops: tuple[str, ...]) -> int:
         return n
     best = 0
     for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
+        if len(s) < 2:
+            continue
+        tail = text[-(len(s) - 1) :]  # the longest end of the text that can still be a stop's beginning
+        i = tail.find(s[0])
+        while i >= 0 and len(tail) - i > best:  # the first match is the longest
+            if s.startswith(tail[i:]):
+                best = len(tail) - i
                 break
+            i = tail.find(s[0], i + 1)
     return best
 
 

@@ -32,11 +32,15 @@ class ServeMetrics:
         self.batch_rows = Histogram(f"{p}_batch_size", "Requests in each forward pass of the engine.", buckets=_BATCH_BUCKETS, registry=r)
         self.running = Gauge(f"{p}_requests_running", "Requests being generated now.", registry=r)
         self.waiting = Gauge(f"{p}_requests_waiting", "Requests waiting for a place in the batch.", registry=r)
+        self.admitted_tokens = Gauge(f"{p}_admitted_tokens", "Tokens held by admitted requests (prompt + max_tokens of each sequence).", registry=r)
+        self.preemptions = Counter(f"{p}_preemptions", "Rows taken out of the batch to give another request its share.", registry=r)
 
-    def bind(self, *, running: Callable[[], float], waiting: Callable[[], float]) -> None:
-        """Read the running/waiting gauges from the engine."""
+    def bind(self, *, running: Callable[[], float], waiting: Callable[[], float], admitted: Callable[[], float] | None = None) -> None:
+        """Read the running/waiting gauges from the engine, and the admitted tokens from the admission control."""
         self.running.set_function(running)
         self.waiting.set_function(waiting)
+        if admitted is not None:
+            self.admitted_tokens.set_function(admitted)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

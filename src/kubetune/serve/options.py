@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .. import constants as C
 from ..errors import SpecError
@@ -29,10 +29,41 @@ class ServeOptions(BaseModel):
     max_batch_size: int = Field(32, ge=1, le=1024, description="Most requests decoded together in one batch.")
     max_model_len: int | None = Field(None, ge=16, description="Longest prompt + completion in tokens (default: the model's context).")
     default_max_tokens: int = Field(256, ge=1, description="Completion length when a request sets no max_tokens.")
+    max_n: int = Field(16, ge=1, le=1024, description="Most choices (n) one request may ask for; more is a 400.")
+    max_prompts: int = Field(64, ge=1, le=65536, description="Most prompts in one /v1/completions request; more is a 400.")
+    max_request_tokens: int | None = Field(
+        None,
+        ge=16,
+        description=(
+            "Most tokens one request may occupy: the sum over its sequences (prompts x n) of prompt + max_tokens; more is a 400 "
+            f"(default: {C.SERVE_MAX_REQUEST_TOKENS}, or the context length when larger)."
+        ),
+    )
+    max_queued_tokens: int | None = Field(
+        None,
+        ge=16,
+        description=(
+            "Most tokens all admitted requests (running and waiting) may occupy together; a request that does not fit now is "
+            f"answered 429 with Retry-After (default: {C.SERVE_MAX_QUEUED_TOKENS}, or {C.SERVE_QUEUED_PER_REQUEST} x "
+            "max-request-tokens when larger)."
+        ),
+    )
+    max_request_bytes: int = Field(
+        C.SERVE_MAX_REQUEST_BYTES, ge=1024, description="Largest request body in bytes; a larger one is a 413 before it is read whole."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on GPUs that support it, fp32 on CPU.")
     device: str | None = Field(None, description="torch device (default: cuda when available, else cpu).")
     log_level: str = Field("info", description="uvicorn log level.")
     extra_vllm_args: tuple[str, ...] = Field((), description="Arguments passed through to vLLM unchanged (--engine vllm).")
+
+    @model_validator(mode="after")
+    def _request_fits_the_budget(self) -> "ServeOptions":
+        if self.max_request_tokens and self.max_queued_tokens and self.max_request_tokens > self.max_queued_tokens:
+            raise ValueError(
+                f"--max-request-tokens ({self.max_request_tokens}) is more than --max-queued-tokens ({self.max_queued_tokens}): "
+                "such a request could never be admitted"
+            )
+        return self
 
 
 def check_model_name(name: str, what: str = "model name") -> str:
@@ -66,5 +97,8 @@ def make_options(**values: object) -> ServeOptions:
     try:
         return ServeOptions(**values)  # type: ignore[arg-type]
     except ValidationError as e:
-        problems = [f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}" for err in e.errors()]
+        problems = [
+            f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}" if err["loc"] else err["msg"].removeprefix("Value error, ")
+            for err in e.errors()
+        ]
         raise SpecError("invalid serve options:\n  " + "\n  ".join(problems), problems=problems) from None

@@ -1,8 +1,9 @@
 """The OpenAI API shapes the server speaks: request bodies (validated), error bodies, response objects.
 
 Unknown request fields are ignored (clients send many optional ones); fields the server cannot honour
-(``n`` above the limit, ``logprobs``, a forced ``tool_choice``, non-text ``response_format``) are refused with a 400 that
-names them, never silently dropped.
+(``logprobs``, a forced ``tool_choice``, non-text ``response_format``) are refused with a 400 that names them, never
+silently dropped. How much one request may ask for (``n``, prompts, tokens) is the server's admission control
+(serve/admission.py), set by ``kubetune serve`` options.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ __all__ = [
     "new_id",
 ]
 
-MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings per request
+MAX_STOP_CHARS = 512  # characters of one stop string (each is looked for at every generated token)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit seed, like OpenAI's (the choices of a request use seed, seed + 1, ...)
 
 
 class APIError(Exception):
@@ -39,15 +41,26 @@ class APIError(Exception):
         type: OpenAI's error type (invalid_request_error, authentication_error, server_error).
         param: the request field at fault, e.g. ``messages[0].role``.
         code: a machine-readable code (model_not_found, invalid_api_key, context_length_exceeded).
+        headers: response headers, e.g. Retry-After of a 429.
     """
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
@@ -114,8 +127,8 @@ class _Sampling(_Body):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    n: int = Field(1, ge=1)  # the most per request is the server's --max-n (serve/admission.py)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -128,6 +141,8 @@ class _Sampling(_Body):
             raise ValueError(f"at most {MAX_STOP} stop strings")
         if any(s == "" for s in items):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"stop strings may have at most {MAX_STOP_CHARS} characters")
         return v
 
     def stop_list(self) -> tuple[str, ...]:
