@@ -561,7 +561,7 @@ def _tool_message(text: str, reason: str | None) -> tuple[dict, str | None]:
 
 def _check_tools_rendered(tok: Any, tools: list[dict] | None, messages: list[dict], model: str) -> None:
     """A chat template without tool support drops ``tools`` and earlier ``tool_calls`` silently: the model would
-    never see them. Every function name must be rendered (data/templates.py: :func:`unrendered_tool_name`)."""
+    never see them. Every function name must be rendered (:func:`kubetune.data.templates.unrendered_tool_name`)."""
 
     def render(t: list[dict] | None, m: list[dict]) -> str:
         return tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **({"tools": t} if t else {}))
