@@ -55,13 +55,11 @@ def fetch_stage(
     Raises:
         SystemExit: the stage failed (recorded in the run directory first).
     """
-    data = yaml.safe_load(spec_text)
-    data["model"]["source"] = model_uri
-    data["dataset"]["source"] = dataset_uri
-    data["dataset"]["eval_source"] = eval_dataset_uri or None
     run = _open_run(run_dir)
     with _stage_failures(run):
-        job = load_spec(data)
+        job = load_spec(yaml.safe_load(spec_text)).with_overrides(
+            {"model.source": model_uri, "dataset.source": dataset_uri, "dataset.eval_source": eval_dataset_uri or None}
+        )
         _stage(run, C.STAGE_FETCH, "fetching model and data")
         from ...worker import fetch_inputs
 
