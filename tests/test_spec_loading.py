@@ -236,3 +236,16 @@ def test_cli_validate_non_utf8_exits_2(tmp_path, kubetune_cli):
     f = write(tmp_path, b"model: {source: \xff\xfe}\n")
     out = subprocess.run([*kubetune_cli, "validate", str(f)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_nan_and_infinity_in_a_file_name_their_line(tmp_path):
+    f = write(tmp_path, HEAD + "training:\n  batch_size: 4\n  learning_rate: .nan\n")
+    with pytest.raises(SpecError, match=r"job.yaml:7: training.learning_rate: nan is not allowed"):
+        load_spec(f)
+
+
+def test_a_directory_or_a_device_is_not_a_spec(tmp_path):
+    with pytest.raises(SpecError, match="is a directory; a job spec is a YAML file"):
+        load_spec(tmp_path)
+    with pytest.raises(SpecError, match="is not a regular file"):
+        load_spec("/dev/zero")

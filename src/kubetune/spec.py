@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from . import constants as C
 from .errors import SpecError
-from .spec_yaml import Located, check_shape, parse_value, read_spec_file
+from .spec_yaml import Located, where_written, check_shape, parse_value, read_spec_file
 
 __all__ = [
     "TuneJob",
@@ -1152,14 +1152,6 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
-def _where(loc: tuple[str, ...], located: Located | None) -> str:
-    """``file:line`` (or the override) that wrote the value at ``loc``, or its nearest section's."""
-    for n in range(len(loc), 0, -1):
-        if located and loc[:n] in located:
-            return located[loc[:n]]
-    return ""
-
-
 def _shown(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
         return f"{value:.3g}"
@@ -1190,7 +1182,7 @@ def _format_errors(err: ValidationError, source: str, located: Located | None = 
             val = e.get("input")
             shown = "" if isinstance(val, (dict, list)) or val is None or " got " in msg else f" (got {_shown(val)})"
             problem = f"{path}: {msg}{shown}"
-        where = _where(loc, located)
+        where = where_written(loc, located)
         problems.append(f"{where}: {problem}" if where else problem)
     head = f"invalid job spec {source}" if source else "invalid job spec"
     return SpecError(head + ":\n  " + "\n  ".join(problems), problems=problems)
@@ -1263,7 +1255,7 @@ def _validate(
 ) -> TuneJob:
     """Overrides, bounds, null-means-unset and relative paths, then the models: the one way a TuneJob is made."""
     apply_overrides(data, overrides, located)
-    check_shape(data, label)
+    check_shape(data, label, located)
     _unset_nulls(data, TuneJob)
     _resolve_local_paths(data, base)
     try:

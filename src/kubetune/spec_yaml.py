@@ -33,7 +33,7 @@ from yaml.resolver import Resolver
 from . import constants as C
 from .errors import SpecError
 
-__all__ = ["read_spec_file", "parse_spec_text", "parse_value", "check_shape", "Located"]
+__all__ = ["read_spec_file", "parse_spec_text", "parse_value", "check_shape", "where_written", "Located"]
 
 try:  # libyaml's parser: the scanning is in C; the composing below stays in Python
     from yaml._yaml import CParser as _Parser
@@ -172,8 +172,11 @@ def read_spec_file(path: Path) -> tuple[Any, Located]:
     Raises:
         SpecError: the file is missing, too big, not UTF-8, not YAML or past a limit, naming file:line.
     """
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(f"spec file not found: {path}", hint="pass the path of a YAML job spec, e.g. examples/quickstart.yaml")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise SpecError(f"{path} is {kind}; a job spec is a YAML file", hint="pass the path of a YAML job spec, e.g. examples/quickstart.yaml")
     try:
         with path.open("rb") as f:
             raw = f.read(C.SPEC_MAX_BYTES + 1)  # never more, whatever the file claims to be
@@ -228,11 +231,16 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def check_shape(data: Any, label: str = "") -> None:
+def check_shape(data: Any, label: str = "", located: Located | None = None) -> None:
     """Refuse spec data that is too big or too deep, contains itself, or holds NaN, infinity or NUL characters.
 
     YAML files are bounded while they are parsed; this bounds data handed over in Python (a dict, an
     override) the same way, walking at most :data:`~kubetune.constants.SPEC_MAX_VALUES` values.
+
+    Args:
+        data: the spec data.
+        label: the file it came from, for messages.
+        located: where each value was written (:func:`parse_spec_text`), to name ``file:line`` too.
 
     Raises:
         SpecError: naming the path of the offending value.
@@ -244,6 +252,8 @@ def check_shape(data: Any, label: str = "") -> None:
         value, path, depth = stack.pop()
         count += 1
         where = ".".join(str(p) for p in path) or "(spec)"
+        line = where_written(path, located)
+        where = f"{line}: {where}" if line else where
         if count > C.SPEC_MAX_VALUES:
             raise SpecError(f"{_prefix(label)}the spec holds more than {C.SPEC_MAX_VALUES:,} values (or refers to itself); a job spec is small")
         if depth > C.SPEC_MAX_DEPTH:
@@ -262,6 +272,17 @@ def check_shape(data: Any, label: str = "") -> None:
     if problems:
         problems.sort()
         raise SpecError(f"invalid job spec{' ' + label if label else ''}:\n  " + "\n  ".join(problems), problems=problems)
+
+
+def where_written(path: tuple, located: Located | None) -> str:
+    """``file:line`` of the value at ``path``, or of its nearest section that has one."""
+    if not located:
+        return ""
+    key = tuple(str(p) for p in path)
+    for n in range(len(key), 0, -1):
+        if key[:n] in located:
+            return located[key[:n]]
+    return ""
 
 
 # --- helpers -------------------------------------------------------------------------------------
