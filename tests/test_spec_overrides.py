@@ -140,7 +140,7 @@ def test_null_unsets_a_field():
 def test_overrides_index_lists():
     job = load_spec(base(dataset={"source": "a.jsonl", "mix": [{"source": "b.jsonl"}, {"source": "c.jsonl"}]}))
     assert job.with_overrides({"dataset.mix.1.source": "s3://bucket/c.jsonl"}).dataset.mix[1].source == "s3://bucket/c.jsonl"
-    with pytest.raises(SpecError, match="a list has items 0 to 1"):
+    with pytest.raises(SpecError, match="'dataset.mix' is a list with items 0 to 1"):
         job.with_overrides(["dataset.mix.5.source=x"])
 
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from . import constants as C
 from .errors import SpecError
-from .spec_yaml import Located, where_written, check_shape, parse_value, read_spec_file
+from .spec_yaml import Located, check_shape, parse_value, read_spec_file, where_written
 
 __all__ = [
     "TuneJob",
@@ -1081,7 +1081,8 @@ def apply_overrides(data: dict, overrides: Mapping[str, Any] | Iterable[str] | N
             here = ".".join(parts[: i + 1])
             if isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise SpecError(f"{item}: '{here}': a list has items 0 to {len(node) - 1}")
+                    has = f"items 0 to {len(node) - 1}" if node else "no items"
+                    raise SpecError(f"{item}: '{here}': '{'.'.join(parts[:i])}' is a list with {has}; give an index")
                 part = int(part)  # type: ignore[assignment]
             elif not isinstance(node, dict):
                 raise SpecError(f"{item}: '{'.'.join(parts[:i])}' is not a section")
@@ -1154,7 +1155,10 @@ def _unwrap(annotation: Any) -> Any:
 
 def _shown(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
-        return f"{value:.3g}"
+        try:
+            return f"{value:.3g}"
+        except OverflowError:  # beyond any float (and str() refuses past 4300 digits)
+            return f"a number of about {int(value.bit_length() * 0.30103)} digits"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -232,7 +232,8 @@ def parse_value(text: str) -> Any:
 
 
 def check_shape(data: Any, label: str = "", located: Located | None = None) -> None:
-    """Refuse spec data that is too big or too deep, contains itself, or holds NaN, infinity or NUL characters.
+    """Refuse spec data that is too big or too deep, contains itself, or holds NaN, infinity, integers beyond
+    64 bits or NUL characters.
 
     YAML files are bounded while they are parsed; this bounds data handed over in Python (a dict, an
     override) the same way, walking at most :data:`~kubetune.constants.SPEC_MAX_VALUES` values.
@@ -260,6 +261,8 @@ def check_shape(data: Any, label: str = "", located: Located | None = None) -> N
             raise SpecError(f"{_prefix(label)}{where}: nesting deeper than {C.SPEC_MAX_DEPTH} levels (or a value that contains itself)")
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{where}: {value} is not allowed (a spec holds finite numbers only)")
+        elif isinstance(value, int) and not -(2**63) <= value < 2**63:  # JSON/Kubernetes integers are 64-bit
+            problems.append(f"{where}: an integer beyond 64 bits is not allowed")
         elif isinstance(value, str) and "\x00" in value:
             problems.append(f"{where}: a NUL character is not allowed in a spec value")
         elif isinstance(value, dict):
