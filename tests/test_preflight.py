@@ -60,15 +60,17 @@ def test_relative_sources_use_the_specs_rules(tmp_path, capitals, monkeypatch):
     check_local(load_spec(f))  # found next to the spec
 
 
-@pytest.mark.parametrize("where", ["file", "under-file", "proc", "sys", "proc-link"])
+@pytest.mark.parametrize("where", ["file", "under-file", "proc", "sys", "proc-link", "long-name", "device"])
 def test_an_output_dir_that_cannot_be_written_is_named(tmp_path, capitals, where):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "link").symlink_to("/proc/self")
     out = {"file": tmp_path / "afile", "under-file": tmp_path / "afile" / "runs" / "x", "proc": "/proc/kubetune-run",
-           "sys": "/sys/kernel/kubetune", "proc-link": tmp_path / "link" / "run"}[where]
+           "sys": "/sys/kernel/kubetune", "proc-link": tmp_path / "link" / "run", "long-name": tmp_path / ("x" * 300) / "run",
+           "device": "/dev/null"}[where]
     text = problems(load_spec(job_dict(tmp_path, capitals, output={"dir": str(out)})))
     expected = {"file": "exists and is not a directory", "under-file": f"cannot be created: {tmp_path}/afile is a file",
-                "proc": "is under /proc", "sys": "is under /sys", "proc-link": "is under /proc"}[where]
+                "proc": "is under /proc", "sys": "is under /sys", "proc-link": "is under /proc", "long-name": "is too long a path",
+                "device": "exists and is not a directory"}[where]
     assert f"output.dir: {out}" in text and expected in text
 
 

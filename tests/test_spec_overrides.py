@@ -76,6 +76,10 @@ def test_with_overrides_leaves_the_job_unchanged_and_reports_bad_values():
         job.with_overrides(["training.learning_rate"])
     with pytest.raises(SpecError, match="single string"):
         job.with_overrides("method.type=full")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="got int"):
+        job.with_overrides(5)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="keys are dotted field paths"):
+        job.with_overrides({1: 2})  # type: ignore[dict-item]
     assert job.method.type == "lora" and job.training.learning_rate == 2e-4
 
 

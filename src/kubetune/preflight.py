@@ -32,6 +32,7 @@ _SYSTEM_ROOTS = (Path("/proc"), Path("/sys"))
 # Keys a model config names its longest sequence by, most common first (llama & co, gpt2, others).
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 _MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB; a bigger one is not read here
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits on one file name and a whole path, in bytes
 
 
 def check_local(job: Any) -> None:
@@ -147,6 +148,8 @@ def _output_problems(job: Any) -> list[str]:
     for root in _SYSTEM_ROOTS:
         if real == root or root in real.parents:
             return [f"{shown} is under {root}, a kernel filesystem; results cannot go there"]
+    if len(os.fsencode(str(real))) >= _PATH_MAX or any(len(os.fsencode(part)) > _NAME_MAX for part in real.parts):
+        return [f"{shown} is too long a path ({_NAME_MAX} bytes a name, {_PATH_MAX} in all)"]
     existing = real
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent

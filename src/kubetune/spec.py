@@ -1049,8 +1049,9 @@ def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> Iter
                 raise SpecError(f"override {key!r}: keys are dotted field paths, e.g. training.learning_rate")
             yield key, value, f"override '{key}'"
         return
-    if isinstance(overrides, (str, bytes)):
-        raise SpecError(f"overrides: expected a list of KEY=VALUE strings or a mapping, got the single string {overrides!r}")
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Iterable):
+        what = f"the single string {overrides!r}" if isinstance(overrides, (str, bytes)) else type(overrides).__name__
+        raise SpecError(f"overrides: expected a list of KEY=VALUE strings or a mapping, got {what}")
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
             raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. training.learning_rate=1e-4")
