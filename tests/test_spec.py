@@ -134,6 +134,7 @@ def test_cli_schema_and_validate(tmp_path, kubetune_cli):
     assert json.loads(out.stdout)["title"] == "kubetune job spec"
     f = tmp_path / "job.yaml"
     f.write_text(yaml.safe_dump(spec()))
+    (tmp_path / "data.jsonl").write_text("{}\n")  # validate also checks that local sources exist (tests/test_preflight.py)
     ok = subprocess.run([*kubetune_cli, "validate", str(f), "--set", "training.epochs=1"], capture_output=True, text=True)
     assert ok.returncode == 0
     resolved = yaml.safe_load(ok.stdout)
@@ -147,6 +148,7 @@ def test_cli_schema_and_validate(tmp_path, kubetune_cli):
 def test_help_and_validate_do_not_import_torch(tmp_path):
     f = tmp_path / "job.yaml"
     f.write_text(yaml.safe_dump(spec()))
+    (tmp_path / "data.jsonl").write_text("{}\n")  # validate also checks that local sources exist
     code = (
         "import sys\n"
         "from kubetune.cli import app\n"

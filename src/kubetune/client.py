@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from .backends import JobRef, get_backend
 from .errors import BackendError
 from .events import JobStatus
+from .preflight import check_local
 from .spec import TuneJob, load_spec
 
 __all__ = ["Client", "JobRef", "train"]
@@ -25,12 +26,23 @@ class Client:
     def __init__(self, backend: str = "local", **options: Any) -> None:
         self.backend = get_backend(backend, **options)
 
-    def submit(self, job: TuneJob | str | os.PathLike | dict, overrides: list[str] | None = None) -> JobRef:
-        """Start ``job`` (a TuneJob, a spec path or a dict) and return its reference at once."""
-        if not isinstance(job, TuneJob):
-            job = load_spec(job, overrides)
-        elif overrides:
-            job = load_spec(job.model_dump(mode="json"), overrides)
+    def submit(
+        self, job: TuneJob | str | os.PathLike | dict, overrides: Mapping[str, Any] | Iterable[str] | None = None
+    ) -> JobRef:
+        """Start ``job`` (a TuneJob, a spec path or a dict) and return its reference at once.
+
+        Args:
+            job: the job, or a spec file or dict to load.
+            overrides: ``"path=value"`` strings or a mapping of dotted paths to values; on a TuneJob they go
+                through :meth:`TuneJob.with_overrides`, so method presets follow a changed ``method.type``.
+
+        Raises:
+            SpecError: the spec or an override is invalid; on the local backend, also a local source that
+                does not exist or an output.dir that cannot be written (:func:`kubetune.preflight.check_local`).
+        """
+        job = load_spec(job, overrides) if not isinstance(job, TuneJob) else job.with_overrides(overrides) if overrides else job
+        if self.backend.name == "local":
+            check_local(job)
         return self.backend.submit(job)
 
     def status(self, ref: JobRef | str) -> JobStatus:

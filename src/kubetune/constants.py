@@ -54,6 +54,32 @@ STAGE_PUBLISH = "publish"
 BUILTIN_SCHEME = "builtin"
 BUILTIN_TINY_CHAT = "tiny-chat"
 
+# --- job spec limits (spec.py, spec_yaml.py) -------------------------------------------------
+# A spec is short, hand-written data; values far past these are mistakes or attacks, refused at load.
+SPEC_MAX_BYTES = 1 << 20  # a spec file (or text) larger than 1 MiB is refused before it is parsed
+SPEC_MAX_VALUES = 100_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard)
+SPEC_MAX_DEPTH = 64  # nesting of mappings and lists
+SPEC_MAX_EPOCHS = 1000  # training.epochs
+SPEC_MAX_STEPS = 10_000_000  # any step count or interval (max_steps, warmup_steps, save_steps, ...)
+SPEC_MAX_BATCH = 65_536  # training.batch_size, gradient_accumulation_steps
+SPEC_MAX_GLOBAL_BATCH = 1 << 24  # training.global_batch_size
+SPEC_MAX_SEQ_LENGTH = 1 << 20  # training.max_seq_length (the model's own limit is checked where its config is known)
+SPEC_MAX_SEED = 2**32 - 1  # seeds: numpy's are 32-bit
+SPEC_MAX_ROWS = 10**12  # dataset.max_rows
+SPEC_MAX_PROCS = 1024  # dataset.num_proc
+SPEC_MAX_MIX = 256  # dataset.mix entries
+SPEC_MAX_WEIGHT = 1e6  # dataset weights (relative to each other)
+SPEC_MAX_LORA_ALPHA = 1e5  # method.lora.alpha
+SPEC_MAX_WEIGHT_DECAY = 10.0  # training.weight_decay
+SPEC_MAX_GRAD_NORM = 1e6  # training.max_grad_norm
+SPEC_MAX_KEEP = 10_000  # training.save_total_limit
+SPEC_MAX_NODES = 4096  # resources.nodes
+SPEC_MAX_PROCESSES = 256  # resources.processes_per_node, resources.accelerators
+SPEC_MAX_TIMEOUT_S = 7 * 24 * 3600  # collective and rendezvous timeouts
+SPEC_MAX_INT32 = 2**31 - 1  # Kubernetes int32 fields (ttlSecondsAfterFinished, backoffLimit, ids, ...)
+SPEC_MAX_TRIALS = 10_000  # a sweep's trials: random draws, or grid combinations
+SPEC_MAX_PARALLEL = 1024  # sweep.parallel
+
 # --- Kubernetes labels and annotations -------------------------------------------------------
 LABEL_PREFIX = "kubetune.io"
 LABEL_JOB = f"{LABEL_PREFIX}/job"  # the job's name

@@ -2,8 +2,13 @@
 
 Every section is a pydantic model with ``extra="forbid"``; defaults live here and nowhere else.
 ``load_spec`` turns YAML (plus ``--set`` overrides) into a validated :class:`TuneJob`, and turns
-pydantic's errors into one :class:`~kubetune.errors.SpecError` whose lines name the field path and,
-for unknown keys, the closest valid key.
+pydantic's errors into one :class:`~kubetune.errors.SpecError` whose lines name the file:line (or the
+override), the field path and, for unknown keys, the closest valid key. The YAML is read within bounds
+(:mod:`kubetune.spec_yaml`), and every number has a sane range.
+
+A job remembers which fields its spec set; method presets fill the rest. A job derived from another
+(a sweep trial, ``Client.submit(job, overrides)``) is made by :meth:`TuneJob.with_overrides`, never by
+dumping the resolved spec and loading it back, which would count every preset value as set by the user.
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ import difflib
 import math
 import os
 import re
+import types as types_
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Iterable, Literal, Mapping, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from . import constants as C
 from .errors import SpecError
 from .redact import MASK, has_credentials, redact_data
+from .spec_yaml import Located, check_shape, parse_value, read_spec_file, where_written
 
 __all__ = [
     "TuneJob",
@@ -61,8 +69,46 @@ def check_uri(value: str) -> str:
     return value
 
 
+# A number as text: YAML 1.1 (PyYAML) reads exponents without a dot, like 1e-4, as strings.
+_NUMBER_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    # allow_inf_nan: no NaN or infinity in any number of a spec
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """Numbers are numbers: true/false is not one; '1e9' (a string to YAML 1.1) counts as 1e9 for an integer field,
+        which then must be whole and in range."""
+        kind = _number_kind(cls, info.field_name)
+        if kind is None:
+            return v
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, got {str(v).lower()}")
+        if kind is int and isinstance(v, str) and _NUMBER_RE.match(v.strip()) and not v.strip().lstrip("+-").isdigit():
+            v = float(v)
+        if kind is int and isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            return int(v)  # 1e38 too: the field's bounds then name the limit
+        return v
+
+
+_NUMBER_KINDS: dict[type, dict[str, type]] = {}
+
+
+def _number_kind(cls: type[BaseModel], name: str | None) -> type | None:
+    """int or float when field ``name`` of ``cls`` holds a number (possibly optional), else None."""
+    kinds = _NUMBER_KINDS.get(cls)
+    if kinds is None:
+        kinds = {}
+        for field_name, field in cls.model_fields.items():
+            ann = field.annotation
+            types = set(get_args(ann)) - {type(None)} if get_origin(ann) in (Union, types_.UnionType) else {ann}
+            if types in ({int}, {float}):
+                kinds[field_name] = next(iter(types))
+        _NUMBER_KINDS[cls] = kinds
+    return kinds.get(name or "")
 
 
 # --- model -----------------------------------------------------------------------------------
@@ -106,7 +152,7 @@ class DatasetSourceSpec(_Section):
 
     source: str = Field(description="Dataset URI or local file/directory (JSONL, JSON, CSV, Parquet, save_to_disk folder).")
     weight: float | None = Field(
-        None, gt=0, description="Share of the training rows (relative to the other sources' weights); unset: all rows, once."
+        None, gt=0, le=C.SPEC_MAX_WEIGHT, description="Share of the training rows (relative to the other sources' weights); unset: all rows, once."
     )
     format: DatasetFormat = Field("auto", description="Row format; auto detects it from the rows.")
     columns: dict[str, str] = Field(default_factory=dict, description="Map kubetune's column names to this dataset's.")
@@ -127,10 +173,11 @@ class DatasetSpec(_Section):
     )
     split: str = Field("train", description="Split to read from a Hub dataset, a saved DatasetDict or split-named files.")
     weight: float | None = Field(
-        None, gt=0, description="Share of the training rows when mixing with dataset.mix (relative to their weights)."
+        None, gt=0, le=C.SPEC_MAX_WEIGHT, description="Share of the training rows when mixing with dataset.mix (relative to their weights)."
     )
     mix: list[DatasetSourceSpec] = Field(
         default_factory=list,
+        max_length=C.SPEC_MAX_MIX,
         description="More datasets trained together with source: concatenated, or sampled by weight when weights are set.",
     )
     eval_source: str | None = Field(None, description="A separate evaluation dataset (same formats).")
@@ -145,10 +192,10 @@ class DatasetSpec(_Section):
     length_handling: Literal["truncate", "drop"] = Field(
         "truncate", description="Rows longer than training.max_seq_length are cut or dropped (both are reported)."
     )
-    max_rows: int | None = Field(None, ge=1, description="Use at most this many rows (after shuffling with the seed).")
+    max_rows: int | None = Field(None, ge=1, le=C.SPEC_MAX_ROWS, description="Use at most this many rows (after shuffling with the seed).")
     cache: bool = Field(True, description="Reuse prepared (tokenized) data from the kubetune cache when data, tokenizer and settings match.")
     num_proc: int | None = Field(
-        None, ge=1, description="Processes that tokenize; unset: all CPUs for large datasets, one for small ones."
+        None, ge=1, le=C.SPEC_MAX_PROCS, description="Processes that tokenize; unset: all CPUs for large datasets, one for small ones."
     )
 
     _check_source = field_validator("source")(lambda cls, v: check_uri(v))
@@ -187,7 +234,7 @@ class LoraSpec(_Section):
     """LoRA adapter settings (used by lora, qlora and dora)."""
 
     r: int = Field(16, ge=1, le=4096, description="Adapter rank (preset).")
-    alpha: float = Field(32, gt=0, description="Scaling numerator: scale = alpha / r, or alpha / sqrt(r) with use_rslora (preset).")
+    alpha: float = Field(32, gt=0, le=C.SPEC_MAX_LORA_ALPHA, description="Scaling numerator: scale = alpha / r, or alpha / sqrt(r) with use_rslora (preset).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input (preset).")
     target_modules: Union[Literal["all-linear", "attention", "mlp"], list[str]] = Field(
         "all-linear",
@@ -229,38 +276,41 @@ REPORT_TO = ("tensorboard", "mlflow", "wandb", "comet_ml", "clearml", "dvclive",
 class TrainingSpec(_Section):
     """Hyperparameters and the training loop."""
 
-    epochs: float = Field(3.0, gt=0, description="Passes over the training data (max_steps wins when set).")
-    max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs.")
-    batch_size: int = Field(8, ge=1, description="Sequences per device per micro-step.")
+    epochs: float = Field(3.0, gt=0, le=C.SPEC_MAX_EPOCHS, description="Passes over the training data (max_steps wins when set).")
+    max_steps: int | None = Field(None, ge=1, le=C.SPEC_MAX_STEPS, description="Optimizer steps; overrides epochs.")
+    batch_size: int = Field(8, ge=1, le=C.SPEC_MAX_BATCH, description="Sequences per device per micro-step.")
     gradient_accumulation_steps: int | None = Field(
-        None, ge=1, description="Micro-steps per optimizer step (derived from global_batch_size when that is set; default 1)."
+        None, ge=1, le=C.SPEC_MAX_BATCH, description="Micro-steps per optimizer step (derived from global_batch_size when that is set; default 1)."
     )
     global_batch_size: int | None = Field(
-        None, ge=1, description="Sequences per optimizer step over all processes; accumulation is derived from it."
+        None, ge=1, le=C.SPEC_MAX_GLOBAL_BATCH, description="Sequences per optimizer step over all processes; accumulation is derived from it."
     )
     learning_rate: float = Field(2e-4, gt=0, le=1.0, description="Peak learning rate (preset).")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"] = Field(
         "cosine", description="Learning-rate schedule (preset)."
     )
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps spent warming up (preset).")
-    warmup_steps: int = Field(0, ge=0, description="Warm-up steps (wins over warmup_ratio when > 0).")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay (preset).")
-    max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping (0 disables) (preset).")
+    warmup_steps: int = Field(0, ge=0, le=C.SPEC_MAX_STEPS, description="Warm-up steps (wins over warmup_ratio when > 0).")
+    weight_decay: float = Field(0.0, ge=0.0, le=C.SPEC_MAX_WEIGHT_DECAY, description="AdamW weight decay (preset).")
+    max_grad_norm: float = Field(1.0, ge=0.0, le=C.SPEC_MAX_GRAD_NORM, description="Gradient clipping (0 disables) (preset).")
     optimizer: str = Field(
         "adamw_torch", description="Optimizer name as transformers knows it: adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, ... (preset)."
     )
-    seed: int = Field(42, ge=0, description="Seed for data order, splits and initialisation.")
-    max_seq_length: int = Field(1024, ge=8, description="Longest sequence in tokens.")
+    seed: int = Field(42, ge=0, le=C.SPEC_MAX_SEED, description="Seed for data order, splits and initialisation.")
+    max_seq_length: int = Field(
+        1024, ge=8, le=C.SPEC_MAX_SEQ_LENGTH,
+        description="Longest sequence in tokens; at most the model's max_position_embeddings (checked where the model's config is at hand).",
+    )
     packing: bool = Field(False, description="Pack several rows per sequence (no attention across rows).")
-    logging_steps: int = Field(1, ge=1, description="Emit metrics every N optimizer steps.")
+    logging_steps: int = Field(1, ge=1, le=C.SPEC_MAX_STEPS, description="Emit metrics every N optimizer steps.")
     eval_steps: int | None = Field(
-        None, ge=1, description="Evaluate every N steps (default: whenever a checkpoint is saved); always at the end too."
+        None, ge=1, le=C.SPEC_MAX_STEPS, description="Evaluate every N steps (default: whenever a checkpoint is saved); always at the end too."
     )
     save_steps: int | None = Field(
-        None, ge=1, description="Checkpoint every N steps (default: once per epoch); the last step is always saved."
+        None, ge=1, le=C.SPEC_MAX_STEPS, description="Checkpoint every N steps (default: once per epoch); the last step is always saved."
     )
     save_total_limit: int | None = Field(
-        2, ge=1, description="Keep the newest K complete checkpoints (plus the best one by eval loss); null keeps all."
+        2, ge=1, le=C.SPEC_MAX_KEEP, description="Keep the newest K complete checkpoints (plus the best one by eval loss); null keeps all."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less memory, about 30% slower (preset).")
     resume: str = Field(
@@ -302,6 +352,13 @@ class OutputSpec(_Section):
     uri: str | None = Field(None, description="Also publish results to s3://... or oci://... (checkpoints are synced there).")
     merge: bool = Field(False, description="Also write base+adapter merged into merged/.")
 
+    @field_validator("dir")
+    @classmethod
+    def _check_dir(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a directory path, e.g. runs/{name} (an empty one would be the current directory)")
+        return v
+
     @field_validator("uri")
     @classmethod
     def _check_uri(cls, v: str | None) -> str | None:
@@ -318,20 +375,20 @@ class OutputSpec(_Section):
 class ResourcesSpec(_Section):
     """Compute for the job: topology and per-node resources."""
 
-    nodes: int = Field(1, ge=1, description="Machines (pods) taking part.")
-    processes_per_node: int = Field(1, ge=1, description="Worker processes per node (one per accelerator, usually).")
-    accelerators: int = Field(0, ge=0, description="Accelerators per node (0: CPU only).")
+    nodes: int = Field(1, ge=1, le=C.SPEC_MAX_NODES, description="Machines (pods) taking part.")
+    processes_per_node: int = Field(1, ge=1, le=C.SPEC_MAX_PROCESSES, description="Worker processes per node (one per accelerator, usually).")
+    accelerators: int = Field(0, ge=0, le=C.SPEC_MAX_PROCESSES, description="Accelerators per node (0: CPU only).")
     accelerator_type: str = Field(
         "nvidia.com/gpu", description="Extended resource name: nvidia.com/gpu, amd.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb, ..."
     )
     cpu: str | None = Field(None, description="CPU request per node, e.g. '8'.")
     memory: str | None = Field(None, description="Memory request per node, e.g. '32Gi'.")
     collective_timeout_seconds: int = Field(
-        1800, ge=10, description="How long a process waits for the others in one collective (gradient all-reduce, barrier, "
+        1800, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long a process waits for the others in one collective (gradient all-reduce, barrier, "
         "checkpoint) before the job fails: a hung rank ends the job after this, never later."
     )
     rendezvous_timeout_seconds: int = Field(
-        600, ge=10, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.distributed)."
+        600, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.distributed)."
     )
 
     @property
@@ -400,7 +457,7 @@ class K8sTolerationSpec(_Section):
     operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: match value; Exists: any value.")
     value: str | None = Field(None, description="Taint value (operator Equal).")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect; empty matches all.")
-    toleration_seconds: int | None = Field(None, ge=0, description="How long a NoExecute taint is tolerated.")
+    toleration_seconds: int | None = Field(None, ge=0, le=C.SPEC_MAX_INT32, description="How long a NoExecute taint is tolerated.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "K8sTolerationSpec":
@@ -417,9 +474,9 @@ class K8sSecurityContextSpec(_Section):
     """Who the containers run as (pod securityContext) and what they may do (container securityContext)."""
 
     run_as_non_root: bool | None = Field(None, description="Refuse to start a container whose user is root.")
-    run_as_user: int | None = Field(None, ge=0, description="UID of every container process.")
-    run_as_group: int | None = Field(None, ge=0, description="GID of every container process.")
-    fs_group: int | None = Field(None, ge=0, description="Group that owns mounted volumes (so a non-root user can write the PVC).")
+    run_as_user: int | None = Field(None, ge=0, le=C.SPEC_MAX_INT32, description="UID of every container process.")
+    run_as_group: int | None = Field(None, ge=0, le=C.SPEC_MAX_INT32, description="GID of every container process.")
+    fs_group: int | None = Field(None, ge=0, le=C.SPEC_MAX_INT32, description="Group that owns mounted volumes (so a non-root user can write the PVC).")
     allow_privilege_escalation: bool | None = Field(None, description="Container may gain more privileges than its parent.")
     capabilities_add: list[str] = Field(default_factory=list, description="Linux capabilities to add, e.g. [SYS_NICE] (Gaudi).")
     capabilities_drop: list[str] = Field(default_factory=list, description="Linux capabilities to drop, e.g. [ALL].")
@@ -602,10 +659,10 @@ class KubernetesSpec(_Section):
     env: dict[str, str] = Field(default_factory=dict, description="Plain environment variables (no secrets: use secrets.env).")
     secrets: K8sSecretsSpec = Field(default_factory=K8sSecretsSpec, description="Secrets by reference.")
     ttl_seconds_after_finished: int | None = Field(
-        604800, ge=0, description="Delete the finished job (and its pods' logs) after this many seconds; null keeps it."
+        604800, ge=0, le=C.SPEC_MAX_INT32, description="Delete the finished job (and its pods' logs) after this many seconds; null keeps it."
     )
-    backoff_limit: int = Field(0, ge=0, description="Retries of failed pods (use with training.resume: auto).")
-    active_deadline_seconds: int | None = Field(None, ge=1, description="Stop the job after this many seconds.")
+    backoff_limit: int = Field(0, ge=0, le=C.SPEC_MAX_INT32, description="Retries of failed pods (use with training.resume: auto).")
+    active_deadline_seconds: int | None = Field(None, ge=1, le=C.SPEC_MAX_INT32, description="Stop the job after this many seconds.")
     staging_uri: str | None = Field(None, description="s3:// prefix where `kubetune run` uploads local model/dataset files.")
     trainjob: K8sTrainJobSpec = Field(default_factory=K8sTrainJobSpec, description="Options of the trainjob flavour.")
     kaito: K8sKaitoSpec = Field(default_factory=K8sKaitoSpec, description="Options of the kaito flavour.")
@@ -664,7 +721,6 @@ class KubernetesSpec(_Section):
 # --- sweep -----------------------------------------------------------------------------------
 # Fields a sweep sets on every trial itself, so no grid or distribution may vary them.
 _SWEEP_RESERVED = ("name", "output.dir", "output.uri", "sweep")
-_NUMBER_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def _sweep_number(value: Any) -> Any:
@@ -743,8 +799,8 @@ class EarlyStoppingSpec(_Section):
         description="median: stop a trial whose best objective so far is worse than the median of the other trials' "
         "running averages at the same step. Needs the objective during training (eval_loss: set training.eval_steps).",
     )
-    min_trials: int = Field(3, ge=1, description="How many other trials must have reached the same step before any trial is stopped.")
-    grace_steps: int = Field(0, ge=0, description="Never stop a trial before this optimizer step.")
+    min_trials: int = Field(3, ge=1, le=C.SPEC_MAX_TRIALS, description="How many other trials must have reached the same step before any trial is stopped.")
+    grace_steps: int = Field(0, ge=0, le=C.SPEC_MAX_STEPS, description="Never stop a trial before this optimizer step.")
 
 
 class SweepSpec(_Section):
@@ -761,11 +817,11 @@ class SweepSpec(_Section):
         default_factory=dict, description="Field path -> distribution, e.g. {training.learning_rate: {type: log_uniform, low: 1e-5, high: 1e-3}}."
     )
     trials: int | None = Field(
-        None, ge=1, description="Random search: how many trials to draw (grid values count as choices). Unset: grid search, every combination."
+        None, ge=1, le=C.SPEC_MAX_TRIALS, description="Random search: how many trials to draw (grid values count as choices). Unset: grid search, every combination."
     )
-    seed: int = Field(0, ge=0, description="Seed of random search: the same seed draws the same trials.")
+    seed: int = Field(0, ge=0, le=C.SPEC_MAX_SEED, description="Seed of random search: the same seed draws the same trials.")
     parallel: int | None = Field(
-        None, ge=1, description="Trials running at once. Default: local, one per 4 CPU cores or per free set of accelerators; clusters, 4."
+        None, ge=1, le=C.SPEC_MAX_PARALLEL, description="Trials running at once. Default: local, one per 4 CPU cores or per free set of accelerators; clusters, 4."
     )
     early_stopping: EarlyStoppingSpec | None = Field(None, description="Stop clearly bad trials early; off when unset.")
     dir: str = Field("runs/sweeps/{id}", description="The sweep directory: sweep.json, reports and trials/<trial>/ ({id}: the sweep id).")
@@ -786,6 +842,12 @@ class SweepSpec(_Section):
             problems.append(f"{', '.join(both)}: given both as grid and as random distribution; keep one")
         if self.random and self.trials is None:
             problems.append("random distributions need trials: N (how many trials to draw)")
+        combinations = math.prod(len(v) for v in self.grid.values())
+        if self.trials is None and combinations > C.SPEC_MAX_TRIALS:
+            problems.append(
+                f"the grid has {_shown(combinations)} combinations, more than the {C.SPEC_MAX_TRIALS:,} trials a sweep may run; "
+                "fewer values, or random search (trials: N draws from the grid)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -971,39 +1033,124 @@ class TuneJob(_Section):
         """The local run directory, absolute."""
         return Path(self.output.dir.replace("{name}", self.name)).expanduser().absolute()
 
+    def with_overrides(self, overrides: Mapping[str, Any] | Iterable[str] | None = None) -> "TuneJob":
+        """This job with ``overrides`` applied and validated again; method presets fill what the spec never set.
+
+        Every way of deriving a job from another (sweep trials, ``Client.submit(job, overrides)``, the CLI's
+        ``--set`` on a sweep) goes through here. The job remembers which fields its spec set (pydantic's
+        ``model_fields_set``; preset values are not counted): only those are kept, the overrides go on top,
+        and the preset of the resulting ``method.type`` and the defaults fill the rest. So
+        ``method.type=full`` brings the full preset's learning rate, warm-up and weight decay unless the
+        spec set them itself, and applying the same overrides twice gives the same job.
+
+        Args:
+            overrides: ``"path.to.field=value"`` strings (values parsed as YAML, like ``--set``), or a mapping
+                of dotted paths to values taken as they are. A number in a path indexes a list
+                (``dataset.mix.0.source``). A null value unsets the field: back to its preset or default, or
+                None where the field takes None.
+
+        Returns:
+            A new TuneJob; this one is unchanged.
+
+        Raises:
+            SpecError: an override is malformed, or the result is not a valid job (all problems listed).
+        """
+        data = self.model_dump(mode="python", exclude_unset=True)
+        return _validate(data, overrides, located=Located())  # errors in overridden fields name their override
+
 
 # --- loading, overrides, errors --------------------------------------------------------------
-def _parse_scalar(text: str) -> Any:
-    """Parse an override value like helm --set: YAML scalars and flow collections."""
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
+def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> Iterable[tuple[str, Any, str]]:
+    """(key, value, how to name it in errors) for each override: ``KEY=VALUE`` strings or a mapping."""
+    if overrides is None:
+        return
+    if isinstance(overrides, Mapping):
+        for key, value in overrides.items():
+            if not isinstance(key, str):
+                raise SpecError(f"override {key!r}: keys are dotted field paths, e.g. training.learning_rate")
+            yield key, value, f"override '{key}'"
+        return
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Iterable):
+        what = f"the single string {overrides!r}" if isinstance(overrides, (str, bytes)) else type(overrides).__name__
+        raise SpecError(f"overrides: expected a list of KEY=VALUE strings or a mapping, got {what}")
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. training.learning_rate=1e-4")
+        key, _, raw = item.partition("=")
+        yield key, parse_value(raw), f"--set '{item}'"
 
 
-def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
-    """Apply ``path.to.key=value`` overrides to a spec dict (in place) and return it.
+def apply_overrides(data: dict, overrides: Mapping[str, Any] | Iterable[str] | None, located: Located | None = None) -> dict:
+    """Apply overrides to a spec dict (in place) and return it.
+
+    Args:
+        data: the spec as plain data.
+        overrides: ``path.to.key=value`` strings (values parsed as YAML) or a mapping of dotted paths to
+            values. A number in a path indexes an existing list item. A null value is kept: validation
+            then unsets that field (see :func:`load_spec`).
+        located: where each value was written; overridden paths are recorded as coming from the override.
 
     Raises:
-        SpecError: an override is not of the form KEY=VALUE, or walks through a non-mapping.
+        SpecError: an override is not of the form KEY=VALUE, or walks through a value that is not a section.
     """
-    for item in overrides or []:
-        if "=" not in item:
-            raise SpecError(f"--set '{item}': expected KEY=VALUE, e.g. training.learning_rate=1e-4")
-        key, _, raw = item.partition("=")
+    for key, value, item in _override_items(overrides):
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise SpecError(f"--set '{item}': empty key")
-        node = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise SpecError(f"--set '{item}': '{'.'.join(parts[: i + 1])}' is not a section")
-            node = nxt
-        node[parts[-1]] = _parse_scalar(raw)
+            raise SpecError(f"{item}: empty key")
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            here = ".".join(parts[: i + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    has = f"items 0 to {len(node) - 1}" if node else "no items"
+                    raise SpecError(f"{item}: '{here}': '{'.'.join(parts[:i])}' is a list with {has}; give an index")
+                part = int(part)  # type: ignore[assignment]
+            elif not isinstance(node, dict):
+                raise SpecError(f"{item}: '{'.'.join(parts[:i])}' is not a section")
+            if last:
+                node[part] = value
+            else:
+                nxt = node[part] if isinstance(node, list) else node.get(part)
+                if nxt is None:
+                    nxt = node[part] = {}
+                node = nxt
+        if located is not None:
+            path = tuple(parts)
+            for known in [k for k in located if k[: len(path)] == path]:
+                del located[known]
+            located[path] = item
     return data
+
+
+def _unset_nulls(data: Any, model: type[BaseModel]) -> None:
+    """null means unset: drop null values of fields that take no None, so their preset or default applies."""
+    if not isinstance(data, dict):
+        return
+    for key in list(data):
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        value, annotation = data[key], field.annotation
+        if value is None:
+            if not _takes_none(annotation):
+                del data[key]
+            continue
+        inner = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (Union, types_.UnionType) else [annotation]
+        for ann in inner:
+            origin, args = get_origin(ann), get_args(ann)
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                _unset_nulls(value, ann)
+            elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel) and isinstance(value, list):
+                for entry in value:
+                    _unset_nulls(entry, args[0])
+            elif origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel) and isinstance(value, dict):
+                for entry in value.values():
+                    _unset_nulls(entry, args[1])
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is Any or (get_origin(annotation) in (Union, types_.UnionType) and type(None) in get_args(annotation))
 
 
 def _model_at(path: tuple, root: type[BaseModel] = None) -> type[BaseModel] | None:  # type: ignore[assignment]
@@ -1028,7 +1175,17 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
-def _format_errors(err: ValidationError, source: str) -> SpecError:
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        try:
+            return f"{value:.3g}"
+        except OverflowError:  # beyond any float (and str() refuses past 4300 digits)
+            return f"a number of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _format_errors(err: ValidationError, source: str, located: Located | None = None) -> SpecError:
     problems = []
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"])
@@ -1042,15 +1199,17 @@ def _format_errors(err: ValidationError, source: str) -> SpecError:
                     hint = f"; did you mean {'.'.join(loc[:-1] + (close[0],))}?"
                 else:
                     hint = f"; valid keys here: {', '.join(parent.model_fields)}"
-            problems.append(f"{path}: unknown key{hint}")
+            problem = f"{path}: unknown key{hint}"
         elif e["type"] == "missing":
-            problems.append(f"{path}: required field is missing")
+            problem = f"{path}: required field is missing"
         else:
             msg = e["msg"]
             msg = msg.removeprefix("Value error, ")
             val = e.get("input")
-            shown = "" if isinstance(val, (dict, list)) or val is None else f" (got {val!r})"
-            problems.append(f"{path}: {msg}{shown}")
+            shown = "" if isinstance(val, (dict, list)) or val is None or " got " in msg else f" (got {_shown(val)})"
+            problem = f"{path}: {msg}{shown}"
+        where = where_written(loc, located)
+        problems.append(f"{where}: {problem}" if where else problem)
     head = f"invalid job spec {source}" if source else "invalid job spec"
     return SpecError(head + ":\n  " + "\n  ".join(problems), problems=problems)
 
@@ -1078,47 +1237,61 @@ def _resolve_local_paths(data: dict, base: Path | None) -> None:
         fix(entry, "source")
 
 
-def load_spec(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TuneJob:
+def load_spec(source: str | os.PathLike | dict, overrides: Mapping[str, Any] | Iterable[str] | None = None) -> TuneJob:
     """Load, override and validate a job spec.
+
+    A spec file is read within bounds (size, aliases, nesting, one UTF-8 YAML document, no duplicate
+    keys: see :mod:`kubetune.spec_yaml`); errors name the file and line. A null value unsets its field:
+    the field's preset or default applies, or None where the field takes None.
 
     Args:
         source: a YAML file path, or a dict with the spec's fields.
-        overrides: ``path=value`` strings applied before validation (like ``helm --set``).
+        overrides: ``path=value`` strings (like ``helm --set``) or a mapping of dotted paths to values,
+            applied before validation.
 
     Returns:
-        The validated :class:`TuneJob`.
+        The validated :class:`TuneJob`; it remembers which fields the spec (and overrides) set.
 
     Raises:
-        SpecError: the file is missing or not YAML, or the spec is invalid (all problems listed).
+        SpecError: the file is missing, too big or not YAML, or the spec is invalid (all problems listed).
     """
     base: Path | None = None
     label = ""
+    located = Located()
     if isinstance(source, dict):
+        check_shape(source)  # before copying: bounded in size and depth, no cycles
         data = _deep_copy(source)
     else:
         path = Path(source)
         label = str(path)
-        if not path.is_file():
-            raise SpecError(f"spec file not found: {path}", hint="pass the path of a YAML job spec, e.g. examples/quickstart.yaml")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            mark, ctx = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark else str(path)
-            context = f" ({e.context} at line {ctx.line + 1})" if ctx is not None and getattr(e, "context", None) else ""
-            raise SpecError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}{context}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise SpecError(f"{path}: a job spec must be a YAML mapping, got {type(data).__name__}")
+        raw, located = read_spec_file(path)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise SpecError(f"{path}: a job spec must be a YAML mapping (model:, dataset:, ...), got a {_yaml_type(raw)}")
+        data = _deep_copy(raw)  # aliased sections become separate: an override changes one place only
         base = path.parent.resolve()
-        data.setdefault("name", _name_from_file(path))
-    apply_overrides(data, overrides)
+        if data.get("name") is None:
+            data["name"] = _name_from_file(path)
+    return _validate(data, overrides, base=base, label=label, located=located)
+
+
+def _validate(
+    data: dict, overrides: Mapping[str, Any] | Iterable[str] | None, *, base: Path | None = None, label: str = "", located: Located | None = None
+) -> TuneJob:
+    """Overrides, bounds, null-means-unset and relative paths, then the models: the one way a TuneJob is made."""
+    apply_overrides(data, overrides, located)
+    check_shape(data, label, located)
+    _unset_nulls(data, TuneJob)
     _resolve_local_paths(data, base)
     try:
         return TuneJob.model_validate(data)
     except ValidationError as e:
-        raise _format_errors(e, label) from None
+        raise _format_errors(e, label, located) from None
+
+
+def _yaml_type(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 def _name_from_file(path: Path) -> str:

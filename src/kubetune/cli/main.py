@@ -62,13 +62,21 @@ def validate(
     set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
     sources: bool = typer.Option(True, "--sources/--no-sources", help="Note after each YAML value where it came from (spec, preset NAME, default)."),
+    check_local_: bool = typer.Option(
+        True, "--check-local/--no-check-local",
+        help="Also check the job against this machine: local sources exist, output.dir can be written, max_seq_length fits "
+        "a builtin or local model (--no-check-local for a spec meant for a cluster).",
+    ),
 ) -> None:
     """Check a spec and print it resolved: every effective value, and where it came from."""
+    from ..preflight import check_local
     from ..presets import explain_spec
     from ..spec import dump_spec, load_spec, redacted_spec_dict
 
     job = load_spec(spec, set_)
     _warn_spec(job)
+    if check_local_:
+        check_local(job)
     if output == "json":
         typer.echo(json.dumps(redacted_spec_dict(job), indent=2))
     else:

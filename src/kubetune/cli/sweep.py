@@ -176,10 +176,10 @@ def _console():
 
 def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir):
     """The base spec with its sweep section updated from the command line (the command line wins per key)."""
-    from ..spec import load_spec, spec_to_dict
+    from ..spec import load_spec
 
-    data = spec_to_dict(load_spec(spec, set_))
-    sweep: dict[str, Any] = data.get("sweep") or {}
+    job = load_spec(spec, set_)
+    sweep: dict[str, Any] = job.sweep.model_dump(mode="json", exclude_unset=True) if job.sweep else {}
     grid_d, random_d = dict(sweep.get("grid") or {}), dict(sweep.get("random") or {})
     for item in grid:
         key, values = _parse_grid(item)
@@ -194,8 +194,7 @@ def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, obj
     sweep.update({k: v for k, v in given.items() if v is not None})
     if early_stop and not sweep.get("early_stopping"):
         sweep["early_stopping"] = {}
-    data["sweep"] = sweep
-    return load_spec(data)
+    return job.with_overrides({"sweep": sweep})  # the job keeps which fields its spec set: presets still follow method.type
 
 
 def _parse_grid(item: str) -> tuple[str, list]:

@@ -16,11 +16,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import constants as C
 from ..errors import BackendError, SpecError
-from ..spec import SweepParamSpec, SweepSpec, TuneJob, apply_overrides, load_spec, spec_to_dict
+from ..spec import SweepParamSpec, SweepSpec, TuneJob
 
 __all__ = [
     "plan_values",
@@ -136,19 +134,18 @@ def trial_name(sweep_id: str, values: dict[str, Any]) -> str:
 def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: Path) -> TuneJob:
     """The trial's job: ``job`` with ``values`` applied, its own name, run directory and output URI.
 
+    The values go through :meth:`TuneJob.with_overrides`, so a swept ``method.type`` brings its own
+    preset for every field the base spec did not set.
+
     Raises:
         SpecError: the values make an invalid job (the message names the trial and the field).
     """
     name = trial_name(sweep_id, values)
-    data = spec_to_dict(job)
-    data.pop("sweep", None)
-    data["name"] = name
-    data["output"]["dir"] = str(directory / C.SWEEP_TRIALS_DIR / name)
-    if data["output"].get("uri"):
-        data["output"]["uri"] = _trial_uri(data["output"]["uri"], name)
-    apply_overrides(data, [f"{k}={_yaml_value(v)}" for k, v in values.items()])
+    own: dict[str, Any] = {"sweep": None, "name": name, "output.dir": str(directory / C.SWEEP_TRIALS_DIR / name)}
+    if job.output.uri:
+        own["output.uri"] = _trial_uri(job.output.uri, name)
     try:
-        return load_spec(data)
+        return job.with_overrides({**own, **values})
     except SpecError as e:
         raise SpecError(f"trial {name} ({values_text(values)}): {e.message}", hint=e.hint, problems=e.problems) from None
 
@@ -159,12 +156,6 @@ def _trial_uri(uri: str, name: str) -> str:
         repo, _, tag = uri[len("oci://") :].rpartition(":") if ":" in uri.split("/")[-1] else (uri[len("oci://") :], "", "")
         return f"oci://{repo}:{f'{tag}-' if tag else ''}{name}"
     return f"{uri.rstrip('/')}/{name}"
-
-
-def _yaml_value(value: Any) -> str:
-    """A value as apply_overrides parses it back (YAML flow style keeps floats, lists and strings exact)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip()
-    return text[: -len("...")].strip() if text.endswith("...") else text
 
 
 def _value_slug(value: Any) -> tuple[str, bool]:

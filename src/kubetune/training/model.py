@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainError
+from ..preflight import check_model_config
 from ..spec import TuneJob
 
 __all__ = ["Precision", "device_info", "precision", "load_tokenizer", "load_model", "resolve_target_modules", "count_parameters"]
@@ -76,8 +77,17 @@ def precision(job: TuneJob, device: dict) -> Precision:
 
 
 def load_tokenizer(job: TuneJob, model_path: Path):
-    """The model's tokenizer, with a pad token (EOS when it has none)."""
+    """The model's tokenizer, with a pad token (EOS when it has none).
+
+    The worker's first use of the fetched model, so the spec is checked against the model's config here,
+    before any data is prepared.
+
+    Raises:
+        SpecError: training.max_seq_length is beyond the model's max_position_embeddings.
+    """
     from transformers import AutoTokenizer
+
+    check_model_config(job, model_path)
 
     tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=job.model.trust_remote_code)
     if tok.pad_token is None:
@@ -90,9 +100,12 @@ def load_model(job: TuneJob, model_path: Path, device: dict):
 
     Raises:
         TrainError: qlora without bitsandbytes, or target modules that match nothing in this model.
+        SpecError: training.max_seq_length is beyond the model's max_position_embeddings.
     """
     import torch
     from transformers import AutoModelForCausalLM
+
+    check_model_config(job, model_path)
 
     prec = precision(job, device)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, prec.weights), "trust_remote_code": job.model.trust_remote_code}

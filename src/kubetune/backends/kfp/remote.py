@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from ... import constants as C
 from ...errors import BackendError, JobNotFound
-from ...spec import KfpSpec, TuneJob, load_spec
+from ...spec import KfpSpec, TuneJob
 
 __all__ = ["KfpServer", "RunInfo", "TaskInfo", "stage_inputs", "map_state"]
 
@@ -231,9 +231,9 @@ def stage_inputs(job: TuneJob, job_id: str) -> tuple[TuneJob, list[dict]]:
         else:
             uri = f"{prefix}/{slot}/{path.name}"
             summary = storage.push(path, uri)
-        holder[key] = uri
         uploads.append({"field": name, "path": str(path), "uri": uri, "bytes": summary.get("bytes")})
-    return load_spec(data), uploads
+    # with_overrides: the job keeps which fields its spec set (a dumped spec would count every preset value as set)
+    return job.with_overrides({u["field"].replace("[", ".").replace("]", ""): u["uri"] for u in uploads}), uploads
 
 
 def _is_local(value: str) -> bool:

@@ -29,12 +29,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 from ... import constants as C
 from ...errors import KubetuneError
 from ...events import RunDir, make_event
 from ...spec import TuneJob, dump_spec, load_spec
+from ...spec_yaml import parse_spec_text
 
 __all__ = ["fetch_stage", "train_stage", "merge_stage", "publish_stage", "main"]
 
@@ -55,13 +54,11 @@ def fetch_stage(
     Raises:
         SystemExit: the stage failed (recorded in the run directory first).
     """
-    data = yaml.safe_load(spec_text)
-    data["model"]["source"] = model_uri
-    data["dataset"]["source"] = dataset_uri
-    data["dataset"]["eval_source"] = eval_dataset_uri or None
     run = _open_run(run_dir)
     with _stage_failures(run):
-        job = load_spec(data)
+        job = load_spec(parse_spec_text(spec_text, "the pipeline's spec parameter")[0]).with_overrides(
+            {"model.source": model_uri, "dataset.source": dataset_uri, "dataset.eval_source": eval_dataset_uri or None}
+        )
         _stage(run, C.STAGE_FETCH, "fetching model and data")
         from ...worker import fetch_inputs
 
@@ -80,7 +77,7 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
     More than one process (``resources.processes_per_node``) re-runs this stage under torchrun.
     """
-    job = load_spec(yaml.safe_load(spec_text))
+    job = load_spec(parse_spec_text(spec_text, "the pipeline's spec parameter")[0])
     if job.resources.world_size > 1 and "RANK" not in os.environ:
         return _train_torchrun(job, spec_text, run_dir, model_dir=model_dir, dataset_dir=dataset_dir, eval_dir=eval_dir,
                                trained_dir=trained_dir)
@@ -126,7 +123,7 @@ def merge_stage(spec_text: str, run_dir: str, *, model_dir: str, trained_dir: st
     """Merge the trained adapter into the base model; the result goes to ``merged_dir`` (and the run directory)."""
     run = _open_run(run_dir)
     with _stage_failures(run):
-        job = load_spec(yaml.safe_load(spec_text))
+        job = load_spec(parse_spec_text(spec_text, "the pipeline's spec parameter")[0])
         _stage(run, C.STAGE_PUBLISH, "merging the adapter into the base model")
         adapter = run.path / C.ADAPTER_DIR
         if not adapter.is_dir():
@@ -150,7 +147,7 @@ def publish_stage(
     """Write result.json, upload to output.uri, copy the run record to ``record_dir``, then mark the run done."""
     run = _open_run(run_dir)
     with _stage_failures(run):
-        job = load_spec(yaml.safe_load(spec_text))
+        job = load_spec(parse_spec_text(spec_text, "the pipeline's spec parameter")[0])
         _stage(run, C.STAGE_PUBLISH, "publishing results")
         artifact = C.MODEL_DIR if job.method.type == "full" else C.ADAPTER_DIR
         if not (run.path / artifact).is_dir():

@@ -219,14 +219,13 @@ class KubernetesBackend:
         Raises:
             BackendError: the outputs lived in an emptyDir (gone with the pod), or the copy failed.
         """
-        import yaml
-
         from ...spec import load_spec
+        from ...spec_yaml import parse_spec_text
 
         ref = self._ref(job_id)
         ns = ref.extra["namespace"]
         cm = self._get("ConfigMap", f"{ref.id}-spec", ns)
-        job = load_spec(yaml.safe_load(cm["data"][C.K8S_SPEC_KEY]))
+        job = load_spec(parse_spec_text(cm["data"][C.K8S_SPEC_KEY], f"ConfigMap {ref.id}-spec")[0])
         if job.output.uri:
             from ...storage import fetch
 
