@@ -54,7 +54,7 @@ STAGE_PUBLISH = "publish"
 BUILTIN_SCHEME = "builtin"
 BUILTIN_TINY_CHAT = "tiny-chat"
 
-# --- job spec limits (spec.py, spec_yaml.py) -------------------------------------------------
+# --- job spec limits (spec/, spec/reader.py) -------------------------------------------------
 # A spec is short, hand-written data; values far past these are mistakes or attacks, refused at load.
 SPEC_MAX_BYTES = 1 << 20  # a spec file (or text) larger than 1 MiB is refused before it is parsed
 SPEC_MAX_VALUES = 100_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard)

@@ -70,8 +70,7 @@ def validate(
 ) -> None:
     """Check a spec and print it resolved: every effective value, and where it came from."""
     from ..preflight import check_local
-    from ..presets import explain_spec
-    from ..spec import dump_spec, load_spec, redacted_spec_dict
+    from ..spec import dump_spec, explain_spec, load_spec, redacted_spec_dict
 
     job = load_spec(spec, set_)
     _warn_spec(job)

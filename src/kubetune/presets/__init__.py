@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["preset_names", "load_preset", "preset_values", "target_modules_for", "architectures", "explain_spec", "PRESET_SECTIONS"]
+__all__ = ["preset_names", "load_preset", "preset_values", "target_modules_for", "architectures", "PRESET_SECTIONS"]
 
 _HERE = Path(__file__).parent
 _TARGET_MODULES_FILE = "target_modules.yaml"
@@ -86,38 +85,3 @@ def target_modules_for(model_type: str, group: str) -> list[str] | None:
     if not entry or group not in entry:
         return None
     return list(entry[group])
-
-
-def explain_spec(job: Any) -> str:
-    """The resolved spec as YAML, every value followed by where it came from (spec, preset NAME, default).
-
-    Credentials are masked as in spec.yaml (:func:`kubetune.spec.redacted_spec_dict`).
-    """
-    from ..spec import redacted_spec_dict
-
-    sources = job.field_sources()
-    lines: list[str] = []
-
-    def scalar(value: Any) -> str:
-        if isinstance(value, str) and ("\n" in value or "#" in value):
-            return json.dumps(value)  # one line, and valid YAML
-        text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip()
-        return text.removesuffix("\n...").removesuffix("...").strip()
-
-    def walk(node: dict, prefix: str, indent: int) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            pad = "  " * indent
-            if isinstance(value, dict) and value and not _is_leaf(path, sources):
-                lines.append(f"{pad}{key}:")
-                walk(value, path + ".", indent + 1)
-            else:
-                src = sources.get(path, "default")
-                lines.append(f"{pad}{key}: {scalar(value)}  # {src}")
-
-    walk(redacted_spec_dict(job), "", 0)
-    return "\n".join(lines) + "\n"
-
-
-def _is_leaf(path: str, sources: dict[str, str]) -> bool:
-    return path in sources

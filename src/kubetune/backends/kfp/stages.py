@@ -33,7 +33,7 @@ from ... import constants as C
 from ...errors import KubetuneError
 from ...events import RunDir, make_event
 from ...spec import TuneJob, dump_spec, load_spec
-from ...spec_yaml import parse_spec_text
+from ...spec.reader import parse_spec_text
 
 __all__ = ["fetch_stage", "train_stage", "merge_stage", "publish_stage", "main"]
 

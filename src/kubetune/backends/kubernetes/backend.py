@@ -220,7 +220,7 @@ class KubernetesBackend:
             BackendError: the outputs lived in an emptyDir (gone with the pod), or the copy failed.
         """
         from ...spec import load_spec
-        from ...spec_yaml import parse_spec_text
+        from ...spec.reader import parse_spec_text
 
         ref = self._ref(job_id)
         ns = ref.extra["namespace"]

@@ -30,8 +30,8 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode
 from yaml.resolver import Resolver
 
-from . import constants as C
-from .errors import SpecError
+from .. import constants as C
+from ..errors import SpecError
 
 __all__ = ["read_spec_file", "parse_spec_text", "parse_value", "check_shape", "where_written", "Located"]
 
