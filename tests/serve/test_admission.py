@@ -350,3 +350,24 @@ def test_kubetune_serve_takes_the_limits_as_options(kubetune_cli):
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 2 and "--max-request-tokens (5000) is more than --max-queued-tokens (4000)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_400_names_the_field_to_reduce():
+    from kubetune.serve.admission import Admission, Limits
+    from kubetune.serve.options import ServeOptions
+    from kubetune.serve.protocol import APIError
+
+    adm = Admission(Limits(ServeOptions(max_request_tokens=100, max_queued_tokens=1000), context_length=2048))
+    cases = [
+        (([10, 10, 10], [50, 50, 50], 1, True), "prompt"),  # 3 prompts x 60: one prompt fits
+        (([10] * 4, [40] * 4, 4, True), "n"),  # n=4 x 50: n=1 fits
+        (([10], [200], 1, True), "max_tokens"),  # a shorter completion fits
+        (([10], [200], 1, False), "messages"),  # max_tokens was not set: the server's default did not fit
+        (([150], [10], 1, True), "messages"),  # the prompt alone is too long
+    ]
+    for (lengths, limits, n, given), param in cases:
+        with pytest.raises(APIError) as e:
+            adm.check_cost(lengths, limits, n=n, prompt_field="messages", max_tokens_given=given)
+        assert e.value.status == 400 and e.value.param == param, (lengths, limits, n, e.value.message)
+        assert "100 tokens" in e.value.message and "--max-request-tokens" in e.value.message
+    assert adm.check_cost([10, 10], [40, 40], n=2, prompt_field="prompt", max_tokens_given=True) == 100

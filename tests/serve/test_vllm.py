@@ -100,3 +100,20 @@ def test_serve_engine_vllm_starts_vllm_with_the_plan(artifacts, kubetune_cli, tm
     argv = seen["argv"]
     assert argv[argv.index("--port") + 1] == "8123"
     assert argv[argv.index("--lora-modules") + 1] == f"capitals-bot={artifacts.run / 'adapter'}"
+
+
+def test_admission_limits_with_engine_vllm_are_named_as_not_applied(artifacts, kubetune_cli, tmp_path):
+    """The limits of `kubetune serve` belong to the transformers engine: with --engine vllm a warning says so."""
+    fake = tmp_path / "fake-vllm"
+    entry = fake / "vllm" / "entrypoints" / "openai"
+    entry.mkdir(parents=True)
+    for d in (fake / "vllm", fake / "vllm" / "entrypoints", entry):
+        (d / "__init__.py").write_text("")
+    (entry / "api_server.py").write_text("print('FAKE-VLLM')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([*kubetune_cli, "serve", str(artifacts.base), "--engine", "vllm", "--max-n", "4", "--max-queued-tokens", "9999"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "warning: --max-n, --max-queued-tokens apply to the transformers engine" in r.stderr
+    r = subprocess.run([*kubetune_cli, "serve", str(artifacts.base), "--engine", "vllm"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

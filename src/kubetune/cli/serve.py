@@ -73,6 +73,9 @@ def serve(
         from ..serve.vllm import require_vllm
 
         require_vllm()  # before fetching anything: a missing vLLM is the first thing to fix
+        limits = [f"--{k.replace('_', '-')}" for k in _ADMISSION if getattr(options, k) != type(options).model_fields[k].default]
+        if limits:
+            typer.echo(f"warning: {', '.join(limits)} apply to the transformers engine; vLLM's server does not enforce them", err=True)
     if not _loopback(options.host) and not options.api_key:
         typer.echo(f"warning: serving on {options.host} without --api-key: anyone who can reach this port can use the model", err=True)
     plan = resolve_sources(source, adapters, served_model_name=options.served_model_name)
@@ -124,6 +127,10 @@ def render_serve(
         extra_args=list(vllm_arg),
     )
     typer.echo(render_text(objects, output), nl=False)
+
+
+# Admission limits of the transformers engine (serve/admission.py); vLLM's own server knows nothing of them.
+_ADMISSION = ("max_n", "max_prompts", "max_request_tokens", "max_queued_tokens", "max_request_bytes")
 
 
 def _loopback(host: str) -> bool:
