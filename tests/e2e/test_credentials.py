@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared real servers
-from fixtures_servers import free_port, http_server  # noqa: E402,F401
+from _support.fixtures_servers import free_port, http_server  # noqa: E402,F401
 
 from kubetune import constants as C  # noqa: E402
 

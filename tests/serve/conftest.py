@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared real servers
-from fixtures_servers import s3, s3_server  # noqa: E402,F401  (moto's S3 server, for s3:// sources)
+from _support.fixtures_servers import s3, s3_server  # noqa: E402,F401  (moto's S3 server, for s3:// sources)
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"

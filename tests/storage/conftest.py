@@ -1,4 +1,4 @@
-"""Storage test fixtures: real servers from tests/fixtures_servers.py, quick retries, a clean AWS env."""
+"""Storage test fixtures: real servers from tests/_support/fixtures_servers.py, quick retries, a clean AWS env."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fixtures_servers import *  # noqa: E402,F401,F403
+from _support.fixtures_servers import *  # noqa: E402,F401,F403
 
 
 @pytest.fixture(autouse=True)

@@ -102,7 +102,7 @@ def test_credentials_never_appear(s3, http_server, oci_auth_registry, tmp_path, 
     monkeypatch.setenv(C.ENV_REGISTRY_PASSWORD, "wrong-" + secrets_["registry"])
     attempt(fetch, f"oci://{oci_auth_registry.host}/sec/a:v2", tmp_path / "z")  # denied
     attempt(fetch, "hf://org/not-cached-model", tmp_path / "h")  # offline, not cached
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{__import__('fixtures_servers').free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{__import__('_support.fixtures_servers', fromlist=['_']).free_port()}")
     sync = OutputSync(s3.uri("s/out"), emit=events.append)
     ck = make_tree(tmp_path / "run" / "checkpoints" / "checkpoint-1", {"a.bin": b"1", C.CHECKPOINT_COMPLETE: b""})
     sync.checkpoint_saved(ck)

@@ -177,7 +177,7 @@ def test_not_found_and_denied(http_server, tmp_path):
 
 
 def test_unreachable(tmp_path):
-    from fixtures_servers import free_port
+    from _support.fixtures_servers import free_port
 
     url = f"http://127.0.0.1:{free_port()}/x.bin"
     with pytest.raises(SourceError) as e:

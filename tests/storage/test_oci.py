@@ -138,7 +138,7 @@ def test_errors_not_found_unreachable(oci_registry, tmp_path):
         fetch(f"oci://{oci_registry.host}/nothing/here:v9", tmp_path / "d")
     assert f"oci://{oci_registry.host}/nothing/here:v9: no such repository or tag" in str(e.value)
 
-    from fixtures_servers import free_port
+    from _support.fixtures_servers import free_port
 
     host = f"127.0.0.1:{free_port()}"
     with pytest.raises(SourceError) as e:

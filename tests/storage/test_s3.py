@@ -216,7 +216,7 @@ def test_no_such_prefix(s3, tmp_path):
 
 
 def test_unreachable_endpoint(s3, tmp_path, monkeypatch):
-    port = __import__("fixtures_servers").free_port()
+    port = __import__("_support.fixtures_servers", fromlist=["_"]).free_port()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     with pytest.raises(SourceError) as e:
         fetch(s3.uri("x"), tmp_path / "d")
@@ -226,7 +226,7 @@ def test_unreachable_endpoint(s3, tmp_path, monkeypatch):
 
 
 def test_access_denied_names_credentials_not_values(s3_auth_server, monkeypatch, tmp_path):
-    from fixtures_servers import _aws_env
+    from _support.fixtures_servers import _aws_env
 
     key_id, secret = s3_auth_server.denied_key  # a real key of a user without permissions
     _aws_env(monkeypatch, s3_auth_server.endpoint, key_id, secret)

@@ -126,7 +126,7 @@ def test_keep_prunes_oldest_remote_checkpoints(s3, tmp_path):
 
 
 def test_background_failure_does_not_raise(tmp_path, monkeypatch, s3):
-    from fixtures_servers import free_port
+    from _support.fixtures_servers import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     events: list[dict] = []

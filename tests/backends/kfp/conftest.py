@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tests/ folder
 
-from fixtures_servers import *  # noqa: E402,F401,F403
+from _support.fixtures_servers import *  # noqa: E402,F401,F403
 
 from .kfp_api_double import KfpApiDouble, PodLogDouble  # noqa: E402
 

@@ -97,7 +97,7 @@ def test_remote_inputs_need_a_bucket(tiny_job, kfp_api):
 
 
 def test_unreachable_host_fails_at_once_with_a_clear_message(tiny_job, tmp_path):
-    from fixtures_servers import free_port
+    from _support.fixtures_servers import free_port
 
     spec = tiny_job(dataset={"source": "hf://datasets/org/data"}, kfp={"mode": "remote", "host": f"http://127.0.0.1:{free_port()}"})
     started = time.monotonic()

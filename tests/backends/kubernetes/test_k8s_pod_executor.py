@@ -1,4 +1,4 @@
-"""Rendered Jobs run as local processes (tests/pod_executor.py).
+"""Rendered Jobs run as local processes (tests/_support/pod_executor.py).
 
 The tiny job goes the whole way a cluster would take it: its local dataset is staged to the loopback S3
 server, the rendered init container fetches it with ``kubetune fetch`` using credentials that reach it only
@@ -20,7 +20,7 @@ from kubetune.backends import get_backend
 from kubetune.backends.kubernetes import render, stage_inputs
 from kubetune.spec import load_spec
 
-from pod_executor import PodExecutor
+from _support.pod_executor import PodExecutor
 
 from . import specs
 from .apiserver_double import CORE, ApiServerDouble, make_pod
