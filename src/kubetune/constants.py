@@ -51,7 +51,7 @@ BUILTIN_TINY_CHAT = "tiny-chat"
 # --- job spec limits (spec.py, spec_yaml.py) -------------------------------------------------
 # A spec is short, hand-written data; values far past these are mistakes or attacks, refused at load.
 SPEC_MAX_BYTES = 1 << 20  # a spec file (or text) larger than 1 MiB is refused before it is parsed
-SPEC_MAX_VALUES = 100_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard)
+SPEC_MAX_VALUES = 10_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard); real specs hold < 1,000
 SPEC_MAX_DEPTH = 64  # nesting of mappings and lists
 SPEC_MAX_EPOCHS = 1000  # training.epochs
 SPEC_MAX_STEPS = 10_000_000  # any step count or interval (max_steps, warmup_steps, save_steps, ...)
