@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-import yaml
 
 from kubetune import SpecError, load_spec
 from kubetune import constants as C
