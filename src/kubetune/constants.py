@@ -73,6 +73,7 @@ SPEC_MAX_TIMEOUT_S = 7 * 24 * 3600  # collective and rendezvous timeouts
 SPEC_MAX_INT32 = 2**31 - 1  # Kubernetes int32 fields (ttlSecondsAfterFinished, backoffLimit, ids, ...)
 SPEC_MAX_TRIALS = 10_000  # a sweep's trials: random draws, or grid combinations
 SPEC_MAX_PARALLEL = 1024  # sweep.parallel
+OUTPUT_FORBIDDEN_ROOTS = ("/proc", "/sys")  # kernel filesystems: output.dir may not be in them (preflight.py)
 
 # --- Kubernetes labels and annotations -------------------------------------------------------
 LABEL_PREFIX = "kubetune.io"
