@@ -57,7 +57,7 @@ BUILTIN_TINY_CHAT = "tiny-chat"
 # --- job spec limits (spec/, spec/reader.py) -------------------------------------------------
 # A spec is short, hand-written data; values far past these are mistakes or attacks, refused at load.
 SPEC_MAX_BYTES = 1 << 20  # a spec file (or text) larger than 1 MiB is refused before it is parsed
-SPEC_MAX_VALUES = 100_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard)
+SPEC_MAX_VALUES = 10_000  # values in a spec once YAML aliases are expanded (the alias-bomb guard); real specs hold < 1,000
 SPEC_MAX_DEPTH = 64  # nesting of mappings and lists
 SPEC_MAX_EPOCHS = 1000  # training.epochs
 SPEC_MAX_STEPS = 10_000_000  # any step count or interval (max_steps, warmup_steps, save_steps, ...)
@@ -79,6 +79,7 @@ SPEC_MAX_TIMEOUT_S = 7 * 24 * 3600  # collective and rendezvous timeouts
 SPEC_MAX_INT32 = 2**31 - 1  # Kubernetes int32 fields (ttlSecondsAfterFinished, backoffLimit, ids, ...)
 SPEC_MAX_TRIALS = 10_000  # a sweep's trials: random draws, or grid combinations
 SPEC_MAX_PARALLEL = 1024  # sweep.parallel
+OUTPUT_FORBIDDEN_ROOTS = ("/proc", "/sys")  # kernel filesystems: output.dir may not be in them (preflight.py)
 
 # --- Kubernetes labels and annotations -------------------------------------------------------
 LABEL_PREFIX = "kubetune.io"

@@ -28,7 +28,7 @@ from .errors import SpecError
 __all__ = ["check_local", "check_model_config", "read_model_config", "model_max_positions"]
 
 # Kernel filesystems: writing results there fails, or worse, does something.
-_SYSTEM_ROOTS = (Path("/proc"), Path("/sys"))
+_SYSTEM_ROOTS = tuple(Path(p) for p in C.OUTPUT_FORBIDDEN_ROOTS)
 # Keys a model config names its longest sequence by, most common first (llama & co, gpt2, others).
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 _MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB; a bigger one is not read here

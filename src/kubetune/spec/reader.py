@@ -316,7 +316,10 @@ def _yaml_error(e: yaml.YAMLError, label: str, text: str = "") -> SpecError:
         code = e.character if isinstance(e.character, int) else ord(e.character)
         return SpecError(f"{label}:{line}: not valid YAML: the control character U+{code:04X} is not allowed")
     if isinstance(e, _LimitError):
-        return SpecError(f"{where}: {e.problem}", hint="write each value out, without aliases that expand it again and again" if "alias" in str(e.problem) else None)
+        hint = None
+        if "values once its aliases" in str(e.problem):
+            hint = "a spec holds settings, not data: keep data in dataset files, and write values out rather than through YAML aliases"
+        return SpecError(f"{where}: {e.problem}", hint=hint)
     problem = getattr(e, "problem", None)
     if problem == "but found another document" or getattr(e, "context", None) == "expected a single document in the stream":
         return SpecError(f"{where}: a job spec is one YAML document, and this file holds more than one ('---' separates them)")
