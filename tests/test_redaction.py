@@ -296,3 +296,16 @@ def test_install_masks_a_process_stdout_and_stderr(tmp_path):
 
 def test_mask_constant():
     assert MASK == C.REDACTED == "***"
+
+
+@pytest.mark.parametrize("uri", ["s3://AKIAPARSE1:parsesecret@bucket/k", "oci://robot:parsesecret@registry.io/repo:t",
+                                 "hf://user:hf_parsesecret@org/name"])
+def test_schemes_with_environment_credentials_refuse_userinfo(uri):
+    """s3://KEY:SECRET@bucket would make 'KEY:SECRET@bucket' the bucket name, repeated by every later message."""
+    from kubetune.storage.uri import parse_uri
+
+    with pytest.raises(SourceError, match="carry no credentials") as e:
+        parse_uri(uri)
+    assert "parsesecret" not in str(e.value) and "AKIAPARSE1" not in str(e.value) and "***@" in str(e.value)
+    for fine in ("hf://org/name@rev", "oci://registry.io/repo@sha256:" + "c" * 64, "s3://bucket/a@b"):
+        parse_uri(fine)

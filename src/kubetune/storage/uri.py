@@ -21,6 +21,12 @@ __all__ = ["Location", "parse_uri", "is_remote", "redact", "scrub", "archive_kin
 REMOTE_SCHEMES = ("hf", "s3", "http", "https", "oci")
 _SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _ARCHIVES = ((".tar.gz", "tar"), (".tgz", "tar"), (".tar", "tar"), (".zip", "zip"))
+# Schemes whose credentials come from the environment only: (what the authority names, where they come from).
+_ENV_CREDENTIALS = {
+    "s3": ("bucket", "S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role); see docs/storage.md"),
+    "oci": ("registry", "registry logins come from KUBETUNE_REGISTRY_USERNAME/PASSWORD or the docker config; see docs/storage.md"),
+    "hf": ("organisation", "a Hugging Face token comes from HF_TOKEN or `huggingface-cli login`; see docs/storage.md"),
+}
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,12 @@ def parse_uri(uri: str | Path, revision: str | None = None) -> Location:
         return Location(uri=text, scheme="file", path=text)
     scheme = m.group(1).lower()
     rest = text[m.end():]
+    if scheme in _ENV_CREDENTIALS and "@" in rest.split("/", 1)[0]:
+        # s3://KEY:SECRET@bucket would make "KEY:SECRET@bucket" the bucket, named in every later message
+        raise SourceError(
+            f"{redact(text)}: {scheme}:// URIs carry no credentials (user-info before the {_ENV_CREDENTIALS[scheme][0]})",
+            hint=f"remove them from the URI; {_ENV_CREDENTIALS[scheme][1]}",
+        )
     if scheme == "file":
         return Location(uri=text, scheme="file", path=unquote(rest) or "/")
     if scheme == C.BUILTIN_SCHEME:
