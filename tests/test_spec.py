@@ -156,6 +156,17 @@ def test_json_schema_describes_every_section():
     assert "description" in defs["TrainingSpec"]["properties"]["learning_rate"]
 
 
+def test_dataset_format_choices_are_the_format_registry():
+    from kubetune.data.formats import FORMATS
+
+    defs = TuneJob.model_json_schema()["$defs"]
+    for section in ("DatasetSpec", "DatasetSourceSpec"):
+        assert defs[section]["properties"]["format"]["enum"] == ["auto", *FORMATS]
+    assert load_spec(spec(dataset={"format": list(FORMATS)[-1]})).dataset.format == list(FORMATS)[-1]
+    with pytest.raises(SpecError, match="dataset.format: Input should be 'auto', 'messages'"):
+        load_spec(spec(dataset={"format": "chatml"}))
+
+
 def test_cli_schema_and_validate(tmp_path, kubetune_cli):
     out = subprocess.run([*kubetune_cli, "schema"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["title"] == "kubetune job spec"

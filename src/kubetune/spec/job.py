@@ -9,6 +9,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import constants as C
+from ..data.formats import FORMATS
 from .reader import Located
 from .base import _NAME_RE, _SCHEME_RE, _Section, check_uri, register_root
 from .cluster import KfpSpec, KubernetesSpec, check_quantity
@@ -37,7 +38,9 @@ class ModelSpec(_Section):
 
 
 # --- dataset ---------------------------------------------------------------------------------
-DatasetFormat = Literal["auto", "messages", "sharegpt", "prompt_completion", "alpaca", "text"]
+# The format names come from the data package's registry (a plain table importing nothing of the spec), so a
+# format added there is accepted here and listed in the JSON schema without a second list to keep in step.
+DatasetFormat = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
 
 
 def _check_columns(v: dict[str, str]) -> dict[str, str]:
