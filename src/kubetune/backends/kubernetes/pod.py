@@ -407,12 +407,14 @@ def _toleration(t) -> dict:
 
 
 def pod_security_context(job: TuneJob) -> dict:
+    """The pod's securityContext from kubernetes.security_context (runAsNonRoot, user, group, fsGroup); only what is set."""
     sc = job.kubernetes.security_context
     out = {"runAsNonRoot": sc.run_as_non_root, "runAsUser": sc.run_as_user, "runAsGroup": sc.run_as_group, "fsGroup": sc.fs_group}
     return {k: v for k, v in out.items() if v is not None}
 
 
 def container_security_context(job: TuneJob) -> dict:
+    """The main container's securityContext: allowPrivilegeEscalation and added/dropped capabilities, when set."""
     sc = job.kubernetes.security_context
     out: dict = {}
     if sc.allow_privilege_escalation is not None:
