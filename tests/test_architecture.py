@@ -19,7 +19,7 @@ PKG = SRC / "kubetune"
 
 # Lower index = lower layer. A module may import its own layer and the ones below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "constants", "paths", "_version", "redact"),
+    ("errors", "constants", "paths", "_version", "redact", "ranks"),
     ("spec", "presets", "events"),
     ("storage",),
     ("data", "training", "preflight"),

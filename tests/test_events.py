@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 from kubetune import constants as C
-from kubetune.events import RunDir, make_event
+import pytest
+
+from kubetune.events import EventType, RunDir, event_line, make_event, parse_event_line, status_from_events
 
 
 def _step(n: int) -> dict:
@@ -98,3 +100,36 @@ def test_events_from_two_threads_all_arrive_and_the_status_ends_at_the_last_step
     assert len(events) == 300
     assert [e["data"]["step"] for e in events if e["type"] == "metrics"] == list(range(1, 201))
     assert run.read_status().step == 200
+
+
+def test_event_types_are_written_as_plain_strings_in_the_log_and_on_stdout(tmp_path, capsys):
+    run = RunDir(tmp_path / "run", echo=True)
+    run.set_state(C.JobState.RUNNING)
+    run.emit(make_event(EventType.STAGE, "fetching", stage=C.STAGE_FETCH))
+    raw = (tmp_path / "run" / C.EVENTS_FILE).read_text().splitlines()
+    assert [json.loads(line)["type"] for line in raw] == ["state", "stage"]
+    assert '"type":"stage"' in raw[1] and "EventType" not in "".join(raw)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].startswith(C.EVENT_LINE_PREFIX) and '"type":"stage"' in printed[1] and "EventType" not in printed[1]
+    assert json.loads((tmp_path / "run" / C.STATUS_FILE).read_text())["state"] == "running"
+    ev = make_event(EventType.DONE, "job succeeded")
+    assert type(ev["type"]) is str and f"{EventType.DONE}" == str(EventType.DONE) == "done"
+    assert '"type":"done"' in event_line(ev) and parse_event_line(event_line(ev))["type"] == EventType.DONE
+
+
+def test_an_event_read_back_folds_like_one_made_with_the_enum():
+    events = [json.loads(json.dumps(make_event(t, **d))) for t, d in [
+        ("state", {"state": C.STATE_RUNNING}), (EventType.STAGE, {"stage": C.STAGE_TRAIN}), (EventType.METRICS, {"step": 3, "loss": 0.5})]]
+    st = status_from_events(events)
+    assert (st.state, st.stage, st.step, st.loss) == (C.JobState.RUNNING, C.STAGE_TRAIN, 3, 0.5)
+
+
+def test_an_unknown_event_type_is_refused():
+    with pytest.raises(ValueError, match="EventType"):
+        make_event("progress", "step 1")
+
+
+def test_job_states_are_the_state_names():
+    assert [s.value for s in C.JobState] == [C.STATE_PENDING, C.STATE_RUNNING, C.STATE_SUCCEEDED, C.STATE_FAILED, C.STATE_CANCELLED]
+    assert {s for s in C.JobState if s.terminal} == C.TERMINAL_STATES
+    assert f"{C.JobState.FAILED}" == "failed" and json.dumps(C.JobState.FAILED) == '"failed"'

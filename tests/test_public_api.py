@@ -5,10 +5,31 @@ import kubetune
 
 def test_public_api_is_explicit():
     assert sorted(kubetune.__all__) == sorted(
-        ["Client", "JobRef", "KubetuneError", "SpecError", "TuneJob", "load_spec", "train", "__version__"]
+        ["Client", "JobRef", "train", "TuneJob", "load_spec", "JobStatus", "JobState", "EventType", "KubetuneError",
+         "SpecError", "DataError", "SourceError", "BackendError", "JobNotFound", "RunDirInUse", "TrainError", "__version__"]
     )
     for name in kubetune.__all__:
         assert hasattr(kubetune, name), name
+
+
+def test_every_error_class_is_exported_and_drawn_in_the_tree():
+    import inspect
+
+    from kubetune import errors
+
+    classes = {n for n, c in vars(errors).items() if inspect.isclass(c) and issubclass(c, errors.KubetuneError)}
+    assert classes == set(errors.__all__)
+    assert classes <= set(kubetune.__all__)
+    assert all(getattr(kubetune, n) is getattr(errors, n) for n in classes)
+    tree = errors.__doc__
+    assert all(f" {n} " in tree for n in classes), "draw every error class in the tree of errors.py's docstring"
+
+
+def test_status_and_event_types_are_the_run_directory_s():
+    from kubetune import constants, events
+
+    assert kubetune.JobStatus is events.JobStatus and kubetune.EventType is events.EventType
+    assert kubetune.JobState is constants.JobState
 
 
 def test_train_stays_callable_after_the_engine_loads():

@@ -45,6 +45,12 @@ BAD = [
     (spec(name="My Job"), "name: 'My Job' is not a valid job name"),
     (spec(output={"uri": "https://example.com/out"}), "output.uri must be s3://..., oci://... or file://..."),
     ({"dataset": {"source": "d.jsonl"}}, "model: required field is missing"),
+    (spec(resources={"cpu": "eight"}), "resources.cpu: expected a Kubernetes quantity, got 'eight'"),
+    (spec(resources={"cpu": "-2"}), "resources.cpu: expected a Kubernetes quantity, got '-2'"),
+    (spec(resources={"memory": "32GB"}), "resources.memory: expected a Kubernetes quantity, got '32GB'"),
+    (spec(resources={"memory": True}), "resources.memory: expected a Kubernetes quantity, got 'true'"),
+    (spec(kubernetes={"shm_size": "16 Gi"}), "kubernetes.shm_size: expected a Kubernetes quantity, got '16 Gi'"),
+    (spec(kfp={"memory_limit": "lots"}), "kfp.memory_limit: expected a Kubernetes quantity, got 'lots'"),
 ]
 
 
@@ -121,12 +127,44 @@ def test_output_dir_template(tmp_path):
     assert job.output_dir == tmp_path / "runs" / "abc"
 
 
+def test_a_bad_quantity_says_what_a_quantity_looks_like():
+    with pytest.raises(SpecError) as e:
+        load_spec(spec(resources={"cpu": "8 cores", "memory": "32GB"}))
+    assert len(e.value.problems) == 2
+    assert all("e.g. 8 or 500m (millicores) for cpu, 32Gi or 1.5G for memory" in p for p in e.value.problems)
+
+
+@pytest.mark.parametrize("cpu,memory", [("8", "32Gi"), ("500m", "1.5G"), (8, 1e9), (0.5, "512Mi"), ("2.5", "128974848")])
+def test_good_quantities_are_kept_as_kubernetes_text(cpu, memory):
+    r = load_spec(spec(resources={"cpu": cpu, "memory": memory})).resources
+    assert (r.cpu, r.memory) == (str(cpu), str(memory))  # a YAML number (cpu: 8) is taken as its text, as Kubernetes does
+
+
+def test_the_spec_and_the_renderer_share_one_quantity_rule():
+    from kubetune.backends.kubernetes import pod
+    from kubetune.spec import cluster
+
+    assert pod.K8S_QUANTITY_RE is cluster.K8S_QUANTITY_RE
+    assert not any(name.endswith("QUANTITY_RE") and name != "K8S_QUANTITY_RE" for name in vars(pod))
+
+
 def test_json_schema_describes_every_section():
     schema = TuneJob.model_json_schema()
     assert {"model", "dataset", "method", "training", "output", "resources"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
     defs = schema["$defs"]
     assert "description" in defs["TrainingSpec"]["properties"]["learning_rate"]
+
+
+def test_dataset_format_choices_are_the_format_registry():
+    from kubetune.data.formats import FORMATS
+
+    defs = TuneJob.model_json_schema()["$defs"]
+    for section in ("DatasetSpec", "DatasetSourceSpec"):
+        assert defs[section]["properties"]["format"]["enum"] == ["auto", *FORMATS]
+    assert load_spec(spec(dataset={"format": list(FORMATS)[-1]})).dataset.format == list(FORMATS)[-1]
+    with pytest.raises(SpecError, match="dataset.format: Input should be 'auto', 'messages'"):
+        load_spec(spec(dataset={"format": "chatml"}))
 
 
 def test_cli_schema_and_validate(tmp_path, kubetune_cli):

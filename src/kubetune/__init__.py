@@ -7,18 +7,42 @@ actually trains, so importing kubetune is instant.
 from __future__ import annotations
 
 from .client import Client, JobRef, train
-from .errors import KubetuneError, SpecError
+from .constants import JobState
+from .errors import (
+    BackendError,
+    DataError,
+    JobNotFound,
+    KubetuneError,
+    RunDirInUse,
+    SourceError,
+    SpecError,
+    TrainError,
+)
+from .events import EventType, JobStatus
 from .spec import TuneJob, load_spec
 
 from ._version import __version__
 
 __all__ = [
+    # running jobs
     "Client",
     "JobRef",
-    "KubetuneError",
-    "SpecError",
+    "train",
+    # the job spec
     "TuneJob",
     "load_spec",
-    "train",
+    # what a job reports
+    "JobStatus",
+    "JobState",
+    "EventType",
+    # the error tree (kubetune.errors)
+    "KubetuneError",
+    "SpecError",
+    "DataError",
+    "SourceError",
+    "BackendError",
+    "JobNotFound",
+    "RunDirInUse",
+    "TrainError",
     "__version__",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 # --- environment variables -------------------------------------------------------------------
 ENV_HOME = "KUBETUNE_HOME"  # where builtin models, caches and the local job registry live
 ENV_DEBUG = "KUBETUNE_DEBUG"  # "1": show tracebacks for user errors too
@@ -33,11 +35,35 @@ WORKSPACE_DIR = "workspace"  # fetched model/data inside the run directory when 
 EVENT_LINE_PREFIX = "KUBETUNE_EVENT "
 
 # --- states ----------------------------------------------------------------------------------
-STATE_PENDING = "pending"
-STATE_RUNNING = "running"
-STATE_SUCCEEDED = "succeeded"
-STATE_FAILED = "failed"
-STATE_CANCELLED = "cancelled"
+class JobState(str, Enum):
+    """A job's state: ``pending -> running -> succeeded | failed | cancelled`` (status.json's ``state``).
+
+    A ``str`` enum: a member equals and hashes like its value, so it compares with what status.json holds.
+    """
+
+    PENDING = "pending"  # recorded, the worker not started yet
+    RUNNING = "running"  # the worker is running (some stage)
+    SUCCEEDED = "succeeded"  # ended well: artifacts and result.json complete, DONE written
+    FAILED = "failed"  # ended with an error (status.json's reason says why)
+    CANCELLED = "cancelled"  # stopped by the user
+
+    def __str__(self) -> str:  # f"{JobState.RUNNING}" is "running" on every Python version
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def terminal(self) -> bool:
+        """Whether a job in this state has ended."""
+        return self in TERMINAL_STATES
+
+
+# The same values as plain strings: what most code compares with, and what it writes into files.
+STATE_PENDING = JobState.PENDING.value
+STATE_RUNNING = JobState.RUNNING.value
+STATE_SUCCEEDED = JobState.SUCCEEDED.value
+STATE_FAILED = JobState.FAILED.value
+STATE_CANCELLED = JobState.CANCELLED.value
 # A local job still pending without a worker pid this long after its last update was never started: the
 # process that submitted it ended between recording the job and starting its worker.
 LOCAL_START_GRACE_S = 30.0
@@ -235,4 +261,7 @@ KFP_RUN_URL = "{ui}/#/runs/details/{run_id}"  # a run's page in the KFP UI
 KFP_MAIN_CONTAINER = "main"  # the container of a KFP task pod that runs the component
 
 # --- distributed training ---
+ENV_RANK = "RANK"  # set by torchrun: this process's global rank (read through kubetune.ranks)
+ENV_LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: this process's rank on its node (its accelerator index)
+ENV_WORLD_SIZE = "WORLD_SIZE"  # set by torchrun: processes in the job
 ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.distributed`; rank 0 records it, that launcher records the job's end

@@ -1,5 +1,22 @@
 """The error tree: every mistake a user can make ends in one of these.
 
+::
+
+    KubetuneError                 base of every user-facing error: message + hint, exit code 2
+    +-- SpecError                 the job spec is wrong: unknown key, bad type or value, contradiction,
+    |                             or a setting the chosen backend cannot express (raised at load,
+    |                             by --set, by preflight checks and by renderers); .problems lists each
+    +-- DataError                 a dataset cannot be read or used: missing files or split, a malformed
+    |                             row (file:line), no detectable format, an unknown chat template
+    +-- SourceError               a URI cannot be fetched or written: not found, no credentials,
+    |                             unreachable endpoint, unsafe archive, failed upload (storage/, serve)
+    +-- BackendError              where the job runs failed: a process, the Kubernetes or KFP API,
+    |   |                         a serving endpoint; wraps the third-party error (``raise ... from e``)
+    |   +-- JobNotFound           no job with that id or run directory (status, logs, cancel, sweeps)
+    |   `-- RunDirInUse           another live process writes the run directory (.holder_pid names it)
+    `-- TrainError                training stopped for a reason the user can act on: out of memory,
+                                  NaN loss, no rows left, a dtype the device lacks, nothing to merge
+
 The CLI prints ``str(error)`` (message plus hint) and exits with code 2, without a traceback unless
 ``--debug`` is given. Bugs are not KubetuneErrors and keep their traceback.
 

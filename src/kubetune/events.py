@@ -23,22 +23,54 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import constants as C
 from .redact import redact_data
 
-__all__ = ["RunDir", "RunLock", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events", "disk_error_reason"]
+__all__ = ["EventType", "RunDir", "RunLock", "JobStatus", "make_event", "event_line", "parse_event_line", "status_from_events", "disk_error_reason"]
 
 
 def _now() -> float:
     return round(time.time(), 3)
 
 
-def make_event(type: str, message: str = "", **data: Any) -> dict:
-    """An event record: ``time``, ``type`` (stage|metrics|checkpoint|warning|error|done|state), message, data."""
-    ev: dict[str, Any] = {"time": _now(), "type": type}
+class EventType(str, Enum):
+    """The ``type`` of an event. A ``str`` enum: a member equals (and hashes like) its value, and
+    :func:`make_event` stores the plain value, so events.jsonl and stdout hold ``"stage"``, never the enum's name.
+    """
+
+    STATE = "state"  # the job's state changed (data: state, reason, job_id, pid, ...)
+    STAGE = "stage"  # the worker entered a stage or reports within one (data: stage)
+    METRICS = "metrics"  # progress: step, total_steps, loss, learning rate, throughput, ...
+    CHECKPOINT = "checkpoint"  # a checkpoint was saved, removed, synced or resumed from (data: path, step)
+    WARNING = "warning"  # something the user should know that does not stop the job
+    ERROR = "error"  # why the job failed (message: the reason)
+    DONE = "done"  # the job succeeded and its artifacts are complete
+
+    def __str__(self) -> str:  # f"{EventType.STAGE}" is "stage" on every Python version
+        return self.value
+
+    __format__ = str.__format__
+
+
+def make_event(type: EventType | str, message: str = "", **data: Any) -> dict:
+    """An event record: ``time``, ``type``, and the message and data when given.
+
+    Args:
+        type: an :class:`EventType` (or its value, e.g. ``"stage"``).
+        message: one line for people reading the log.
+        data: JSON-able fields that :meth:`JobStatus.apply` and readers use.
+
+    Returns:
+        The record, with ``type`` stored as a plain string.
+
+    Raises:
+        ValueError: ``type`` is not an event type.
+    """
+    ev: dict[str, Any] = {"time": _now(), "type": EventType(type).value}
     if message:
         ev["message"] = message
     if data:
@@ -128,7 +160,7 @@ class JobStatus:
         """Update from one event (how logs alone rebuild a status)."""
         t, data = event.get("type"), event.get("data") or {}
         self.updated_at = event.get("time", self.updated_at)
-        if t == "state":
+        if t == EventType.STATE:
             self.state = data.get("state", self.state)
             if data.get("reason"):
                 self.reason = data["reason"]
@@ -142,17 +174,17 @@ class JobStatus:
                 self.started_at = event.get("time")
             if self.state in C.TERMINAL_STATES:
                 self.finished_at = event.get("time")
-        elif t == "stage":
+        elif t == EventType.STAGE:
             self.stage = data.get("stage", self.stage)
             if self.state == C.STATE_PENDING:
                 self.state = C.STATE_RUNNING
-        elif t == "metrics":
+        elif t == EventType.METRICS:
             for k in ("step", "total_steps", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
                 if data.get(k) is not None:
                     setattr(self, k, data[k])
-        elif t == "error":
+        elif t == EventType.ERROR:
             self.reason = event.get("message", self.reason)
-        elif t == "done":
+        elif t == EventType.DONE:
             self.stage = None
 
 
@@ -272,7 +304,7 @@ class RunDir:
             if self.echo:
                 print(event_line(event), file=sys.stdout, flush=True)
             self._pending.append(event)
-            if event.get("type") != "metrics" or time.monotonic() - self._status_written >= self.status_interval:
+            if event.get("type") != EventType.METRICS or time.monotonic() - self._status_written >= self.status_interval:
                 self.flush()
             elif len(self._pending) == 1:
                 atexit.register(self.flush)  # a worker that ends between two writes still leaves its last progress
@@ -302,7 +334,7 @@ class RunDir:
         data: dict[str, Any] = {"state": state, **extra}
         if reason:
             data["reason"] = reason
-        self.emit(make_event("state", f"{state}" + (f": {reason}" if reason else ""), **data))
+        self.emit(make_event(EventType.STATE, f"{state}" + (f": {reason}" if reason else ""), **data))
 
     def write_result(self, result: dict) -> None:
         """Write result.json (atomic rename; credentials in it redacted)."""

@@ -310,6 +310,11 @@ class RedactingStream(io.TextIOBase):
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
+        """Queue ``text``; every complete line (up to the last newline) goes to the target masked.
+
+        Returns:
+            ``len(text)``: all of it is accepted (a partial line waits for its end or :meth:`flush`).
+        """
         with self._lock:
             self._pending += text
             cut = max(self._pending.rfind("\n"), self._pending.rfind("\r")) + 1
@@ -319,6 +324,7 @@ class RedactingStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
+        """Write the partial line held back (masked) and flush the target."""
         with self._lock:
             if self._pending:
                 rest, self._pending = self._pending, ""
@@ -326,16 +332,20 @@ class RedactingStream(io.TextIOBase):
         self._target.flush()
 
     def writable(self) -> bool:
+        """Always True: this stream is for writing."""
         return True
 
     def isatty(self) -> bool:
+        """Whether the target is a terminal (so colour and progress bars behave as they would without masking)."""
         return bool(getattr(self._target, "isatty", lambda: False)())
 
     def fileno(self) -> int:
+        """The target's file descriptor (writes through it bypass the masking)."""
         return self._target.fileno()
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
+        """The target's encoding (utf-8 when it has none)."""
         return getattr(self._target, "encoding", "utf-8")
 
     def __getattr__(self, name: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Iterator
 
 from .. import constants as C
 from ..errors import BackendError, JobNotFound
-from ..events import JobStatus, make_event
+from ..events import EventType, JobStatus, make_event
 from ..spec import TuneJob
 from .base import JobRef
 
@@ -53,7 +53,7 @@ class FakeBackend:
         ref = JobRef(id=job_id, backend=self.name, name=job.name, run_dir=None, extra={})
         st = JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, created_at=time.time(), total_steps=self.steps)
         entry = _Job(ref=ref, job=job, status=st)
-        self._record(entry, make_event("state", C.STATE_PENDING, state=C.STATE_PENDING, job_id=job_id))
+        self._record(entry, make_event(EventType.STATE, C.STATE_PENDING, state=C.STATE_PENDING, job_id=job_id))
         self._jobs[job_id] = entry
         return ref
 
@@ -64,19 +64,19 @@ class FakeBackend:
         if st.terminal:
             return st
         if st.state == C.STATE_PENDING:
-            self._record(entry, make_event("state", C.STATE_RUNNING, state=C.STATE_RUNNING))
-            self._record(entry, make_event("stage", "training", stage=C.STAGE_TRAIN))
+            self._record(entry, make_event(EventType.STATE, C.STATE_RUNNING, state=C.STATE_RUNNING))
+            self._record(entry, make_event(EventType.STAGE, "training", stage=C.STAGE_TRAIN))
         elif st.step < self.steps:
             step = st.step + 1
             loss = round(self.loss / 2**step, 6)
-            self._record(entry, make_event("metrics", f"step {step}/{self.steps} loss={loss}", step=step, total_steps=self.steps, loss=loss))
+            self._record(entry, make_event(EventType.METRICS, f"step {step}/{self.steps} loss={loss}", step=step, total_steps=self.steps, loss=loss))
         else:
             reason = None if self.outcome == C.STATE_SUCCEEDED else "the fake backend was told to fail"
             if reason:
-                self._record(entry, make_event("error", reason))
-            self._record(entry, make_event("state", self.outcome, state=self.outcome, **({"reason": reason} if reason else {})))
+                self._record(entry, make_event(EventType.ERROR, reason))
+            self._record(entry, make_event(EventType.STATE, self.outcome, state=self.outcome, **({"reason": reason} if reason else {})))
             if self.outcome == C.STATE_SUCCEEDED:
-                self._record(entry, make_event("done", "job succeeded"))
+                self._record(entry, make_event(EventType.DONE, "job succeeded"))
         return entry.status
 
     def events(self, ref: JobRef) -> list[dict]:
@@ -95,7 +95,7 @@ class FakeBackend:
         """End an unfinished job as cancelled."""
         entry = self._get(ref)
         if not entry.status.terminal:
-            self._record(entry, make_event("state", C.STATE_CANCELLED, state=C.STATE_CANCELLED, reason="cancelled by user"))
+            self._record(entry, make_event(EventType.STATE, C.STATE_CANCELLED, state=C.STATE_CANCELLED, reason="cancelled by user"))
 
     def list(self) -> list[JobRef]:
         """The jobs submitted to this instance, newest first."""

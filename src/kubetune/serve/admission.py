@@ -52,6 +52,7 @@ class Ticket:
         self.tokens = tokens
 
     def release(self) -> None:
+        """Give the held tokens back to the admission budget; later calls do nothing."""
         if self.tokens:
             self._admission.used -= self.tokens
             self.tokens = 0

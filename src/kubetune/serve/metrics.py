@@ -49,11 +49,14 @@ class ServeMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def observe_request(self, endpoint: str, model: str, status: int) -> None:
+        """Count one finished HTTP request by endpoint, model and status code."""
         self.requests.labels(endpoint=endpoint, model=model, status=str(status)).inc()
 
     def observe_tokens(self, model: str, prompt: int, completion: int) -> None:
+        """Add one request's prompt and completion tokens to the model's counters."""
         self.prompt_tokens.labels(model=model).inc(prompt)
         self.completion_tokens.labels(model=model).inc(completion)
 
     def on_step(self, rows: int) -> None:
+        """Record the number of rows in one forward pass of the engine (the batch-size histogram)."""
         self.batch_rows.observe(rows)

@@ -63,6 +63,7 @@ class APIError(Exception):
         self.headers = headers
 
     def body(self) -> dict:
+        """The OpenAI error body of this error, ``{"error": {...}}``."""
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
 
@@ -114,10 +115,13 @@ class ChatMessage(_Body):
         raise ValueError("content must be a string or a list of text parts")
 
     def text(self) -> str:
+        """The message's text (empty for a message with no content, like an assistant turn of tool calls)."""
         return self.content or ""
 
 
 class StreamOptions(_Body):
+    """``stream_options`` of a streaming request: ``include_usage`` adds a last chunk with the token counts."""
+
     include_usage: bool = False
 
 
@@ -174,6 +178,7 @@ class ChatCompletionRequest(_Sampling):
         return None
 
     def limit(self) -> int | None:
+        """The most tokens to generate per choice: max_completion_tokens, else max_tokens (None: up to the context)."""
         return self.max_completion_tokens or self.max_tokens
 
     def parses_tool_calls(self) -> bool:
@@ -201,6 +206,7 @@ class CompletionRequest(_Sampling):
         return v
 
     def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) of the first requested feature the server cannot honour."""
         if self.logprobs is not None:
             return "logprobs", "logprobs are not supported by this server"
         if self.suffix:
@@ -208,6 +214,7 @@ class CompletionRequest(_Sampling):
         return None
 
     def limit(self) -> int | None:
+        """The most tokens to generate per choice: max_tokens (None: up to the context)."""
         return self.max_tokens
 
     def prompts(self) -> list[Union[str, list[int]]]:
@@ -222,6 +229,7 @@ class CompletionRequest(_Sampling):
 
 # --- responses ---------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
+    """A fresh response id in OpenAI's style, e.g. ``chatcmpl-<24 hex digits>``."""
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
@@ -279,4 +287,5 @@ def completion_chunk(rid: str, model: str, created: int, *, index: int = 0, text
 
 
 def now() -> int:
+    """The current time in whole seconds (the ``created`` field of responses)."""
     return int(time.time())

@@ -111,6 +111,7 @@ class ToolStream:
         self._in_call = False
 
     def feed(self, piece: str) -> str:
+        """Take the next piece of the reply; return the text that is safe to send now (none once a call has begun)."""
         self._held += piece
         if self._in_call:
             return ""
@@ -125,6 +126,7 @@ class ToolStream:
         return out
 
     def finish(self) -> tuple[str, list[dict]]:
+        """The end of the reply: ``(text still to send, tool calls)``; a held part that is no valid call comes back as text."""
         held, self._held = self._held, ""
         if not self._in_call:
             return held, []

@@ -16,7 +16,9 @@ from .base import _Section
 _K8S_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # RFC 1123 label (namespace)
 _K8S_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _K8S_QUALIFIED_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")  # label key name, label value
-_K8S_QUANTITY_RE = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
+# A resource quantity (cpu, memory, storage): the API server's grammar, without the sign it would refuse anyway.
+# The one copy: the Kubernetes renderer checks quantities with it too.
+K8S_QUANTITY_RE = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
 _K8S_ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _K8S_SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Plain env values land in the rendered objects; these names must come from a Secret instead.
@@ -47,9 +49,24 @@ def _k8s_name(value: str, what: str = "name") -> str:
     return value
 
 
-def _k8s_quantity(value: str | None) -> str | None:
-    if value is not None and not _K8S_QUANTITY_RE.match(str(value)):
-        raise ValueError(f"'{value}' is not a Kubernetes quantity (e.g. 500m, 8, 32Gi, 1.5G)")
+def check_quantity(value: Any) -> str | None:
+    """``value`` as a Kubernetes quantity string (``8``, ``500m``, ``32Gi``, ``1.5G``); None stays None.
+
+    A plain number (YAML ``cpu: 8``) is taken as its text, as Kubernetes does.
+
+    Raises:
+        ValueError: anything else, e.g. ``32GB`` or ``-1`` (pydantic reports it under the field's path).
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not K8S_QUANTITY_RE.match(value):
+        shown = str(value).lower() if isinstance(value, bool) else value
+        raise ValueError(
+            f"expected a Kubernetes quantity, got '{shown}': a number with an optional suffix, e.g. 8 or 500m (millicores) for "
+            "cpu, 32Gi or 1.5G for memory (Ki, Mi, Gi, Ti: powers of 1024; k, M, G, T: of 1000)"
+        )
     return value
 
 
@@ -114,7 +131,7 @@ class K8sWorkspaceSpec(_Section):
     )
     claim_name: str | None = Field(None, description="Use this existing PVC instead of creating '<name>-workspace'.")
 
-    _check_size = field_validator("size")(lambda cls, v: _k8s_quantity(v))
+    _check_size = field_validator("size", mode="before")(lambda cls, v: check_quantity(v))
 
     @field_validator("storage_class", "claim_name")
     @classmethod
@@ -138,7 +155,7 @@ class K8sHugePagesSpec(_Section):
     page_size: Literal["2Mi", "1Gi"] = Field("2Mi", description="Page size the nodes provide.")
     amount: str = Field(description="Hugepage memory per node, e.g. 9800Mi.")
 
-    _check_amount = field_validator("amount")(lambda cls, v: _k8s_quantity(v))
+    _check_amount = field_validator("amount", mode="before")(lambda cls, v: check_quantity(v))
 
 
 class K8sSecretKeySpec(_Section):
@@ -282,7 +299,7 @@ class KubernetesSpec(_Section):
     trainjob: K8sTrainJobSpec = Field(default_factory=K8sTrainJobSpec, description="Options of the trainjob flavour.")
     kaito: K8sKaitoSpec = Field(default_factory=K8sKaitoSpec, description="Options of the kaito flavour.")
 
-    _check_shm = field_validator("shm_size")(lambda cls, v: _k8s_quantity(v))
+    _check_shm = field_validator("shm_size", mode="before")(lambda cls, v: check_quantity(v))
 
     @field_validator("namespace")
     @classmethod
@@ -376,7 +393,7 @@ class KfpSpec(_Section):
     memory_limit: str | None = Field(None, description="Memory limit of the train task (requests come from resources.memory).")
     caching: bool = Field(False, description="Let KFP reuse cached task results (off: every run trains again).")
 
-    _check_limits = field_validator("cpu_limit", "memory_limit")(lambda cls, v: _k8s_quantity(v))
+    _check_limits = field_validator("cpu_limit", "memory_limit", mode="before")(lambda cls, v: check_quantity(v))
 
     @field_validator("host", "ui_host")
     @classmethod

@@ -9,9 +9,10 @@ from typing import Any, Iterable, Literal, Mapping, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import constants as C
+from ..data.formats import FORMATS
 from .reader import Located
 from .base import _NAME_RE, _SCHEME_RE, _Section, check_uri, register_root
-from .cluster import KfpSpec, KubernetesSpec
+from .cluster import KfpSpec, KubernetesSpec, check_quantity
 from .sweep import SweepSpec
 from .validate import validate_job
 
@@ -37,7 +38,9 @@ class ModelSpec(_Section):
 
 
 # --- dataset ---------------------------------------------------------------------------------
-DatasetFormat = Literal["auto", "messages", "sharegpt", "prompt_completion", "alpaca", "text"]
+# The format names come from the data package's registry (a plain table importing nothing of the spec), so a
+# format added there is accepted here and listed in the JSON schema without a second list to keep in step.
+DatasetFormat = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
 
 
 def _check_columns(v: dict[str, str]) -> dict[str, str]:
@@ -286,8 +289,8 @@ class ResourcesSpec(_Section):
     accelerator_type: str = Field(
         "nvidia.com/gpu", description="Extended resource name: nvidia.com/gpu, amd.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb, ..."
     )
-    cpu: str | None = Field(None, description="CPU request per node, e.g. '8'.")
-    memory: str | None = Field(None, description="Memory request per node, e.g. '32Gi'.")
+    cpu: str | None = Field(None, description="CPU request per node, a Kubernetes quantity: e.g. '8' or '500m'.")
+    memory: str | None = Field(None, description="Memory request (and limit) per node, a Kubernetes quantity: e.g. '32Gi'.")
     collective_timeout_seconds: int = Field(
         1800, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long a process waits for the others in one collective (gradient all-reduce, barrier, "
         "checkpoint) before the job fails: a hung rank ends the job after this, never later."
@@ -296,8 +299,11 @@ class ResourcesSpec(_Section):
         600, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.distributed)."
     )
 
+    _check_quantities = field_validator("cpu", "memory", mode="before")(lambda cls, v: check_quantity(v))
+
     @property
     def world_size(self) -> int:
+        """Processes in the whole job: nodes x processes per node."""
         return self.nodes * self.processes_per_node
 
 

@@ -56,6 +56,7 @@ class Location:
 
     @property
     def local_path(self) -> Path:
+        """The path of a local location (``file://`` or a plain path), ``~`` expanded."""
         return Path(self.path).expanduser()
 
     @property

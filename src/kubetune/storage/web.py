@@ -38,6 +38,8 @@ class Remote:
 
     @property
     def fingerprint(self) -> str | None:
+        """A cache key that changes when the file does: the strong ETag, else Last-Modified, with the size; None
+        when the server gives neither (never a cache hit: downloaded every time)."""
         if self.etag and not self.etag.startswith("W/"):
             return f"etag:{self.etag}:{self.size}"
         if self.last_modified:

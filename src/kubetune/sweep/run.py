@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from .. import constants as C
 from ..errors import BackendError, JobNotFound, KubetuneError, SpecError
-from ..events import RunDir
+from ..events import EventType, RunDir
 from ..spec import SweepSpec, TuneJob, redacted_spec_dict
 from .plan import (
     DURING_TRAINING,
@@ -287,7 +287,7 @@ def _metrics(trial: Trial, client: Any) -> dict[str, Any]:
             return {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out: dict[str, Any] = {}
     for ev in _events(trial, client):
-        if ev.get("type") == "metrics":
+        if ev.get("type") == EventType.METRICS:
             for k, v in (ev.get("data") or {}).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[k] = v
@@ -306,7 +306,7 @@ def trial_curves(sweep: Sweep, client: Any = None) -> dict[str, dict[str, list[t
         series: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}}
         for ev in _events(trial, client):
             data = ev.get("data") or {}
-            if ev.get("type") != "metrics" or data.get("step") is None:
+            if ev.get("type") != EventType.METRICS or data.get("step") is None:
                 continue
             for metric, points in series.items():
                 if isinstance(data.get(metric), (int, float)):
@@ -352,7 +352,7 @@ def _history(trial: Trial, client: Any, metric: str) -> list[tuple[int, float]]:
     points: dict[int, float] = {}
     for ev in _events(trial, client):
         data = ev.get("data") or {}
-        if ev.get("type") == "metrics" and data.get("step") is not None and isinstance(data.get(metric), (int, float)):
+        if ev.get("type") == EventType.METRICS and data.get("step") is not None and isinstance(data.get(metric), (int, float)):
             points[int(data["step"])] = float(data[metric])
     return sorted(points.items())
 

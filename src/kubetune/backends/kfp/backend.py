@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ... import constants as C
 from ...errors import BackendError, JobNotFound, KubetuneError
-from ...events import JobStatus, RunDir, disk_error_reason, make_event
+from ...events import EventType, JobStatus, RunDir, disk_error_reason, make_event
 from ...paths import home
 from ...spec import TuneJob, dump_spec, load_spec
 from ...worker import FINISHED_RUN_HINT, finished_run_message, previous_run
@@ -113,20 +113,20 @@ class KfpBackend:
         run = RunDir(job.output_dir)
         _start_run_dir(run, staged, job_id, kfp_mode="remote", kfp_host=server.host)
         for up in uploads:
-            run.emit(make_event("stage", f"uploaded {up['field']} {up['path']} to {up['uri']}", stage=C.STAGE_FETCH, **up))
+            run.emit(make_event(EventType.STAGE, f"uploaded {up['field']} {up['path']} to {up['uri']}", stage=C.STAGE_FETCH, **up))
         try:
             with tempfile.TemporaryDirectory(prefix="kubetune-kfp-") as tmp:
                 package = compile_pipeline(staged, Path(tmp) / "pipeline.yaml")
                 run_id = server.submit(package, arguments=pipeline_arguments(staged), run_name=job_id,
                                        service_account=job.kubernetes.service_account)
         except KubetuneError as e:
-            run.emit(make_event("error", str(e)))
+            run.emit(make_event(EventType.ERROR, str(e)))
             run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
             raise
         for stale in (run.done_file, run.result_file):  # the server accepted the new run: the old result is history
             stale.unlink(missing_ok=True)
         url = server.run_url(run_id)
-        run.emit(make_event("stage", f"submitted KFP run {run_id}" + (f": {url}" if url else ""), stage=C.STAGE_FETCH,
+        run.emit(make_event(EventType.STAGE, f"submitted KFP run {run_id}" + (f": {url}" if url else ""), stage=C.STAGE_FETCH,
                             kfp_run_id=run_id, run_url=url))
         st = run.read_status() or JobStatus()
         st.extra.update({"kfp_run_id": run_id, "run_url": url} if url else {"kfp_run_id": run_id})
@@ -264,7 +264,7 @@ class KfpBackend:
         for task in info.tasks:
             if task.name in _TASK_ORDER and seen.get(task.name) != task.state:
                 seen[task.name] = task.state
-                run.emit(make_event("stage", f"task {task.name}: {task.state.lower()}", stage=_TASK_ORDER[task.name],
+                run.emit(make_event(EventType.STAGE, f"task {task.name}: {task.state.lower()}", stage=_TASK_ORDER[task.name],
                                     task=task.name, task_state=task.state))
         state = _map_state(info.state)
         if state == C.STATE_PENDING and st.state == C.STATE_RUNNING:
@@ -276,14 +276,14 @@ class KfpBackend:
                 why = info.error or (f"task {failed.name} failed" + (f": {failed.error}" if failed and failed.error else "")
                                      if failed else "the run failed")
                 reason = f"KFP run {run_id} failed: {why}" + (f"; see {url}" if url else "")
-                run.emit(make_event("error", reason))
+                run.emit(make_event(EventType.ERROR, reason))
             elif state == C.STATE_CANCELLED:
                 reason = "the KFP run was cancelled"
             extra = {"exit_code": 1} if state == C.STATE_FAILED else {}
             run.set_state(state, reason=reason, kfp_state=info.state, **extra)
             if state == C.STATE_SUCCEEDED:
                 self._fetch_result(run)
-                run.emit(make_event("done", "job succeeded" + (f" ({url})" if url else "")))
+                run.emit(make_event(EventType.DONE, "job succeeded" + (f" ({url})" if url else "")))
                 run.mark_done()
         st = run.read_status() or st
         st.extra["kfp_tasks"] = seen
@@ -307,7 +307,7 @@ class KfpBackend:
                 result = json.loads((path if path.is_file() else path / C.RESULT_FILE).read_text(encoding="utf-8"))
             run.write_result(result)
         except (KubetuneError, OSError, ValueError) as e:
-            run.emit(make_event("warning", f"could not read {C.RESULT_FILE} from {uri}: {e}"))
+            run.emit(make_event(EventType.WARNING, f"could not read {C.RESULT_FILE} from {uri}: {e}"))
 
     # -- helpers -----------------------------------------------------------------------------
     def _connect(self, job: TuneJob, host: str | None = None):

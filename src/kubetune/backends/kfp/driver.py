@@ -24,7 +24,7 @@ import traceback
 
 from ... import constants as C
 from ...errors import KubetuneError
-from ...events import RunDir, make_event
+from ...events import EventType, RunDir, make_event
 from ...spec import load_spec
 
 __all__ = ["run_local_pipeline", "main"]
@@ -82,7 +82,7 @@ def _fail(run: RunDir, reason: str, code: int) -> None:
     st = run.read_status()
     if st is not None and st.terminal:
         return
-    run.emit(make_event("error", reason))
+    run.emit(make_event(EventType.ERROR, reason))
     run.set_state(C.STATE_FAILED, reason=reason, exit_code=code)
 
 

@@ -42,6 +42,12 @@ class RenderContext:
     image: str
 
     def meta(self, name: str, *, workload: bool = False) -> dict:
+        """metadata of a top-level object: its name, the namespace, kubetune's labels, the spec's annotations.
+
+        Args:
+            name: the object's name.
+            workload: the object that runs the job (Job, PyTorchJob, TrainJob); it also carries the Kueue queue label.
+        """
         md: dict = {"name": name}
         if self.namespace:
             md["namespace"] = self.namespace
@@ -51,6 +57,7 @@ class RenderContext:
         return md
 
     def pod_meta(self) -> dict:
+        """metadata of the pod template: the pod labels (how logs and diagnosis find the pods) and the annotations."""
         md: dict = {"labels": P.pod_labels(self.job, self.flavor, self.run_id)}
         if self.job.kubernetes.annotations:
             md["annotations"] = dict(self.job.kubernetes.annotations)
@@ -99,6 +106,11 @@ def _pod_spec(ctx: RenderContext, container: dict, *, restart: str = "Never", **
 
 # --- job: batch/v1 -------------------------------------------------------------------------------
 def render_job(ctx: RenderContext) -> list[dict]:
+    """The ``job`` flavour: a batch/v1 Job (Indexed, with a headless Service for the rendezvous, when nodes > 1).
+
+    Returns:
+        The objects to apply, the Service first.
+    """
     job = ctx.job
     r, k = job.resources, job.kubernetes
     names = P.names(job)
@@ -144,6 +156,8 @@ def render_job(ctx: RenderContext) -> list[dict]:
 
 # --- pytorchjob: kubeflow.org/v1 -----------------------------------------------------------------
 def render_pytorchjob(ctx: RenderContext) -> list[dict]:
+    """The ``pytorchjob`` flavour: one kubeflow.org/v1 PyTorchJob (a Master, and nodes - 1 Workers); the training
+    operator injects the rendezvous variables."""
     job = ctx.job
     r, k = job.resources, job.kubernetes
     command, args = P.worker_command(job, list(ctx.inputs), launcher="operator")
@@ -185,6 +199,12 @@ def _trainjob_unsupported(job: TuneJob) -> list[str]:
 
 
 def render_trainjob(ctx: RenderContext) -> list[dict]:
+    """The ``trainjob`` flavour: a trainer.kubeflow.org/v1alpha1 TrainJob on the torch-distributed runtime, the pod
+    settings as runtime patches.
+
+    Raises:
+        SpecError: a kubernetes setting a TrainJob has no field for (priority_class, env_from, ...).
+    """
     job = ctx.job
     r, k = job.resources, job.kubernetes
     bad = _trainjob_unsupported(job)

@@ -13,6 +13,7 @@ from ... import constants as C
 from ...errors import SpecError
 from ...redact import find_credentials, has_credentials
 from ...spec import TuneJob, spec_to_dict
+from ...spec.cluster import K8S_QUANTITY_RE
 from .staging import is_local, staged_uri
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
 
 # An extended resource name: a domain, a slash, a name (nvidia.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb).
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_QUANTITY_RE = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
 # What replaces a credential in a URI once it must reach a cluster: a Secret reference, or a staged copy.
 CREDENTIALS_HINT = (
     "a spec that runs on a cluster is visible to anyone who can read its objects, so credentials never travel in it: "
@@ -299,7 +299,7 @@ def resources(job: TuneJob) -> dict:
     limits: dict[str, str] = {}
     for field, value in (("cpu", r.cpu), ("memory", r.memory)):
         if value is not None:
-            if not _QUANTITY_RE.match(str(value)):
+            if not K8S_QUANTITY_RE.match(str(value)):  # checked at load; again for a spec built without validation
                 raise SpecError(f"resources.{field}: '{value}' is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)")
             requests[field] = str(value)
     if r.memory is not None:
@@ -407,12 +407,14 @@ def _toleration(t) -> dict:
 
 
 def pod_security_context(job: TuneJob) -> dict:
+    """The pod's securityContext from kubernetes.security_context (runAsNonRoot, user, group, fsGroup); only what is set."""
     sc = job.kubernetes.security_context
     out = {"runAsNonRoot": sc.run_as_non_root, "runAsUser": sc.run_as_user, "runAsGroup": sc.run_as_group, "fsGroup": sc.fs_group}
     return {k: v for k, v in out.items() if v is not None}
 
 
 def container_security_context(job: TuneJob) -> dict:
+    """The main container's securityContext: allowPrivilegeEscalation and added/dropped capabilities, when set."""
     sc = job.kubernetes.security_context
     out: dict = {}
     if sc.allow_privilege_escalation is not None:
