@@ -19,6 +19,8 @@ from kubetune.errors import TrainError
 
 from .conftest import events, run_worker_subprocess, small, worker_command, write_spec
 
+C_EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
+
 STEPS = 12
 
 
@@ -145,3 +147,30 @@ def test_rotation_keeps_the_newest_and_the_best(tmp_path):
     removed = rotate_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in removed) == ["checkpoint-2"]
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+
+
+@pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
+def test_loading_the_model_never_changes_the_spec_or_its_fingerprint(tiny_job, tiny_model, method):
+    """PEFT extends LoraConfig's lists in place; a spec list handed to it made every checkpoint unresumable
+    whenever modules_to_save was set (the quickstart included): the fingerprint changed during training."""
+    from kubetune.training.checkpoints import checkpoint_fingerprint
+    from kubetune.training.model import device_info, load_model
+
+    lora = {"r": 8, "alpha": 16, "modules_to_save": ["embed_tokens"], "target_modules": ["q_proj", "v_proj"]}
+    job = load_spec(tiny_job(method={"type": method, **({"lora": lora} if method != "full" else {})}))
+    before = (checkpoint_fingerprint(job), job.method.model_dump(mode="json"))
+    load_model(job, tiny_model, device_info())
+    assert (checkpoint_fingerprint(job), job.method.model_dump(mode="json")) == before
+
+
+def test_the_quickstart_spec_resumes_from_its_own_checkpoint(tmp_path):
+    """The quickstart's spec (modules_to_save: [embed_tokens]), interrupted after a checkpoint, continues from it."""
+    from kubetune.worker import run_worker
+
+    quick = load_spec(str(C_EXAMPLES / "quickstart.yaml"), ["training.epochs=1", "training.save_steps=4", "training.max_steps=8",
+                                                       f"output.dir={tmp_path / 'run'}"])
+    assert run_worker(quick.with_overrides(["training.max_steps=4"])) == 0
+    (tmp_path / "run" / C.DONE_FILE).unlink()  # as if it had been stopped right after that checkpoint
+    assert run_worker(quick) == 0
+    resumed = [ev for ev in RunDir(tmp_path / "run").read_events() if (ev.get("data") or {}).get("resume")]
+    assert resumed and resumed[-1]["data"]["step"] == 4

@@ -144,7 +144,9 @@ def _attach_adapter(job: TuneJob, model, device: dict):
         lora_dropout=lora.dropout,
         target_modules=resolve_target_modules(job, model),
         use_rslora=lora.use_rslora,
-        modules_to_save=lora.modules_to_save or None,
+        # PEFT extends these lists in place (modules_to_save gains "model.embed_tokens"): it gets copies, never the
+        # spec's own lists, or the spec and with it the checkpoint fingerprint would change under the run
+        modules_to_save=list(lora.modules_to_save) or None,
         bias=lora.bias,
         use_dora=job.method.type == "dora",
         task_type="CAUSAL_LM",
@@ -170,7 +172,9 @@ def resolve_target_modules(job: TuneJob, model) -> str | list[str]:
     from ..presets import architectures, target_modules_for
 
     targets = job.method.lora.target_modules
-    if isinstance(targets, list) or targets == "all-linear":
+    if isinstance(targets, list):
+        return list(targets)  # a copy: the spec's own list never reaches a library that may change it
+    if targets == "all-linear":
         return targets
     model_type = getattr(model.config, "model_type", "?")
     names = target_modules_for(model_type, targets)
