@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from . import constants as C
-from . import distributed
+from . import distributed, preemption
 from .errors import KubetuneError, SourceError
 from .events import RunDir, make_event
+from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 
 __all__ = ["run_worker", "fetch_inputs", "materialize", "prepare_data", "publish", "main"]
@@ -32,7 +33,8 @@ log = logging.getLogger("kubetune.worker")
 def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id: str | None = None) -> int:
     """Run the whole job in this process and return an exit code (0 ok, 2 user error, 1 bug).
 
-    The run directory records every step; its final state is succeeded, failed or cancelled.
+    The run directory records every step; its final state is succeeded, failed, cancelled or preempted
+    (a SIGTERM that was not a user's cancel: a checkpoint is saved at the next step boundary first, exit 143).
     """
     distributed.follow_launcher()  # a rank never outlives the launcher that started it
     rank = int(os.environ.get("RANK", "0"))
@@ -44,7 +46,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             stale.unlink(missing_ok=True)
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
         run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
-    _install_signal_handlers(run if is_main else None)
+    _install_signal_handlers(run if is_main else None, run.path)
     sync = None
     try:
         started = time.time()
@@ -66,6 +68,11 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             run.emit(make_event("done", "job succeeded"))
             run.mark_done()
         return 0
+    except Preempted as e:
+        if sync is not None:  # the checkpoint's upload to output.uri, within what is left of the grace period
+            sync.close(timeout=preemption.seconds_left())
+            sync = None
+        return _preempted(run, is_main, e)
     except KubetuneError as e:
         if is_main:
             run.emit(make_event("error", str(e)))
@@ -94,16 +101,35 @@ def _stage(run: RunDir, is_main: bool, stage: str, message: str) -> None:
         run.emit(make_event("stage", message, stage=stage))
 
 
-def _install_signal_handlers(run: RunDir | None) -> None:
-    def on_term(signum, frame):  # cancellation: record it, then leave at once
-        if run is not None and not distributed.launcher_records_state():  # that launcher records it
+def _install_signal_handlers(run: RunDir | None, run_path: Path) -> None:
+    def on_term(signum, frame):
+        if preemption.in_progress():  # the checkpoint is being saved; the grace period's SIGKILL is the hard stop
+            print("[kubetune] SIGTERM again: still saving the preemption checkpoint", flush=True)
+            return
+        kind = preemption.sigterm_kind(run_path)
+        if kind == "preempt" and preemption.request(signum):
+            print("[kubetune] SIGTERM: saving a checkpoint at the end of this step, then stopping", flush=True)
+            return  # the training loop checkpoints at its next step boundary; run_worker records `preempted`
+        if run is not None and not distributed.launcher_records_state():  # else that launcher records it
             try:
-                run.set_state(*distributed.terminated_state(signum))
+                run.set_state(*distributed.terminated_state(signum, kind))
             except Exception:
                 pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
+    """Record a preemption (rank 0, unless the launcher that started the ranks does) and return the exit code."""
+    print(f"[kubetune] {e}", flush=True)
+    if is_main:
+        ckpt = str(e.checkpoint) if e.checkpoint else None
+        run.emit(make_event("warning", str(e), path=ckpt, step=e.step, preempted=True))
+        if not distributed.launcher_records_state():
+            run.set_state(C.STATE_PREEMPTED, reason=str(e), exit_code=128 + signal.SIGTERM, checkpoint=ckpt)
+    distributed.record_error(str(e), preempted=True)
+    return 128 + signal.SIGTERM
 
 
 # --- stages ----------------------------------------------------------------------------------
@@ -174,9 +200,9 @@ def _output_sync(job: TuneJob, run: RunDir, is_main: bool):
 
     sync = OutputSync(job.output.uri)
     if job.training.resume == "auto":
-        pulled = sync.pull_latest_checkpoint(run.checkpoints_dir)
-        if pulled:
-            run.emit(make_event("checkpoint", f"pulled {pulled.name} from {job.output.uri}", path=str(pulled)))
+        from .training.checkpoints import pull_checkpoint
+
+        pull_checkpoint(sync, run)  # verified after the download, like the local ones
     return sync
 
 
