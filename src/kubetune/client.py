@@ -61,6 +61,20 @@ class Client:
         """Stop the job and everything it started; its state becomes ``cancelled``."""
         self.backend.cancel(self._ref(ref))
 
+    def preempt(self, ref: JobRef | str) -> JobStatus | None:
+        """Stop the job as a preemption does: it saves a checkpoint first, ends ``preempted``, and a rerun resumes.
+
+        Raises:
+            BackendError: the backend does not run the job's processes itself (only ``local`` does).
+        """
+        preempt = getattr(self.backend, "preempt", None)
+        if preempt is None:
+            raise BackendError(
+                f"the {self.backend.name} backend cannot stop a job as a preemption",
+                hint="use cancel, or let the cluster preempt it",
+            )
+        return preempt(self._ref(ref))
+
     def list(self) -> list[JobRef]:
         """Jobs this backend knows, newest first."""
         return self.backend.list()

@@ -7,7 +7,9 @@ FSDP (full shard) with ``training.strategy: fsdp``. What this module adds is wha
 - :func:`launch` (``python -m kubetune.distributed``, a drop-in for ``torchrun``): when a rank fails it finds
   the rank that failed *first* -- not the ranks that died of it ("connection closed by peer") or were stopped
   by torchrun afterwards -- and records that rank's error as the job's ``failed`` reason in the run directory.
-  A SIGTERM to the launcher (``kubetune cancel``, a deleted pod) records ``cancelled``.
+  A SIGTERM to the launcher is a preemption (an evicted pod, a spot node going away): its ranks save a
+  checkpoint at the next step boundary (:mod:`kubetune.preemption`) and it records ``preempted``; after
+  ``kubetune cancel`` (which says so in the run directory first) it records ``cancelled``.
 - :func:`record_error`: each rank writes its error where torchrun collects it (``TORCHELASTIC_ERROR_FILE``).
 - :func:`setup` and :func:`trainer_args`: the collective timeout, the backend (gloo on CPU, NCCL on GPU) and
   the strategy, as Trainer arguments.
@@ -24,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,8 @@ __all__ = [
 
 # Set by torchrun in every worker it starts (and nowhere else).
 _ENV_TORCHRUN = "TORCHELASTIC_RUN_ID"
+# The signals torchrun's agent handles by stopping the workers (torch's default: SIGTERM,SIGINT,SIGHUP,SIGQUIT).
+_ENV_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 # Where torchrun wants a worker's error: one JSON file per rank, read back by the agent when the rank fails.
 _ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 # Text of errors a rank gets because *another* rank died: the peer is the root cause, not this rank.
@@ -103,13 +108,23 @@ def state_extra() -> dict:
     return extra
 
 
-def terminated_state(signum: int) -> tuple[str, str]:
-    """(state, reason) rank 0 records on SIGTERM when no kubetune launcher records it.
+def terminated_state(signum: int, kind: str = "stopped") -> tuple[str, str]:
+    """(state, reason) rank 0 records when a signal ends it at once and no kubetune launcher records it.
 
-    Under a plain ``torchrun`` a SIGTERM is almost always torchrun stopping the survivors after another
-    rank failed, so it is a failure, not a cancellation.
+    Args:
+        kind: what the signal meant (:func:`kubetune.preemption.sigterm_kind`): ``cancel`` (a user's
+            ``kubetune cancel``), ``preempt`` (outside the training loop, so nothing newer to save), or
+            ``stopped``: under a plain ``torchrun`` a SIGTERM is almost always torchrun stopping the
+            survivors after another rank failed, so it is a failure, not a cancellation.
     """
     name = signal.Signals(signum).name
+    if kind == "cancel":
+        return C.STATE_CANCELLED, f"cancelled by user (received signal {name})"
+    if kind == "preempt":
+        return C.STATE_PREEMPTED, (
+            f"preempted (received signal {name} outside the training loop): nothing newer to save; rerun the same "
+            "spec to resume from the newest checkpoint"
+        )
     if under_torchrun():
         return C.STATE_FAILED, (
             f"stopped by torchrun ({name}): another rank failed first or the launch was interrupted; "
@@ -138,11 +153,14 @@ def follow_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def record_error(message: str, traceback_text: str = "") -> None:
+def record_error(message: str, traceback_text: str = "", *, preempted: bool = False) -> None:
     """Leave this rank's error where torchrun collects it (no-op outside torchrun).
 
     The format is torch's own (``ErrorHandler.record_exception``), plus a ``kubetune`` entry with a precise
     time, so that :func:`root_cause` can order failures that happen within the same second.
+
+    Args:
+        preempted: the rank stopped for a preemption after saving (the launcher records ``preempted``).
     """
     path = os.environ.get(_ENV_ERROR_FILE)
     if not path:
@@ -153,7 +171,7 @@ def record_error(message: str, traceback_text: str = "") -> None:
     now = time.time()
     data = {
         "message": {"message": message, "extraInfo": {"py_callstack": traceback_text, "timestamp": str(int(now))}},
-        "kubetune": {"rank": rank(), "time": now, "message": message},
+        "kubetune": {"rank": rank(), "time": now, "message": message, "preempted": preempted},
     }
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -279,6 +297,7 @@ class RankFailure:
     time: float = 0.0
     pid: int | None = None
     local_rank: int | None = None
+    preempted: bool = False  # stopped for a preemption after saving (its own record says so)
 
     @property
     def signal_name(self) -> str | None:
@@ -317,10 +336,11 @@ class RankFailure:
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure:
-    """The failure that started it: a rank's own error before peer errors, before ranks torchrun stopped."""
+    """The failure that started it: a rank's own error before peer errors, before ranks torchrun stopped,
+    before ranks that stopped for a preemption."""
 
     def key(f: RankFailure) -> tuple:
-        return (2 if f.stopped_by_launcher else 1 if f.peer_error else 0, f.time, f.rank)
+        return (3 if f.preempted else 2 if f.stopped_by_launcher else 1 if f.peer_error else 0, f.time, f.rank)
 
     return min(failures, key=key)
 
@@ -362,6 +382,7 @@ def _failures(err: Any) -> list[RankFailure]:
             RankFailure(
                 rank=int(global_rank), exitcode=int(f.exitcode), message=str(ours.get("message") or msg).strip(),
                 time=float(ours.get("time") or f.timestamp or 0), pid=f.pid, local_rank=f.local_rank,
+                preempted=bool(ours.get("preempted")),
             )
         )
     return out
@@ -374,8 +395,13 @@ def launch(argv: list[str]) -> int:
     The run directory is written only by the launcher whose node runs rank 0 (rank 0 records the launcher's
     pid when it starts), so several launches sharing one run directory never fight over it.
 
+    A SIGTERM to the launcher is a preemption unless ``kubetune cancel`` asked for it: the launcher creates
+    the file named by ``KUBETUNE_PREEMPT_FILE`` (which tells its ranks so), torchrun passes SIGTERM on and waits
+    up to ``PREEMPT_SAVE_TIMEOUT_S`` for them to save, and the job ends ``preempted``.
+
     Returns:
-        0 on success; 2 when the first failure was a user error (exit code 2); 128+N after signal N; else 1.
+        0 on success; 2 when the first failure was a user error (exit code 2); 128+N after signal N (143 after
+        a preemption); else 1.
     """
     from torch.distributed import DistStoreError
     from torch.distributed import run as torchrun
@@ -391,13 +417,35 @@ def launch(argv: list[str]) -> int:
         t = job.resources.rendezvous_timeout_seconds
         args.rdzv_conf = f"timeout={t},join_timeout={t}"
     os.environ[C.ENV_LAUNCHER_PID] = str(os.getpid())  # inherited by the workers; rank 0 records it
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # until torchrun installs its own handler
+    preempt_file = Path(tempfile.gettempdir()) / f"kubetune-preempt-{os.getpid()}"
+    preempt_file.unlink(missing_ok=True)
+    os.environ[C.ENV_PREEMPT_FILE] = str(preempt_file)  # inherited by the workers: exists once this launcher is preempted
+    # torchrun's own SIGTERM handler would forward the signal before anyone can tell the ranks it is a preemption:
+    # the launcher keeps SIGTERM (torchrun still stops the ranks with SIGTERM on its way out) and torchrun the rest.
+    handled = getattr(args, "signals_to_handle", None) or os.environ.get(_ENV_SIGNALS) or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    handled = ",".join(s.strip() for s in handled.split(",") if s.strip() and s.strip() != "SIGTERM")
+    os.environ[_ENV_SIGNALS] = handled  # torchrun sets it from its --signals-to-handle option where it has one
+    if hasattr(args, "signals_to_handle"):
+        args.signals_to_handle = handled
+    if getattr(args, "shutdown_timeout", 0) is None:  # where torchrun has it: how long it waits for the ranks to exit
+        args.shutdown_timeout = C.PREEMPT_SAVE_TIMEOUT_S  # they finish a step and save a checkpoint first
+
+    def on_term(signum: int, frame: Any) -> None:
+        if not _cancel_requested(run_dir):
+            preempt_file.touch()
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         torchrun.run(args)
         return 0
     except ChildFailedError as e:
         print(str(e), file=sys.stderr, flush=True)  # torch's table of every failed rank
-        first, reason = failure_reason(_failures(e), collective_timeout=job.resources.collective_timeout_seconds if job else None)
+        failures = _failures(e)
+        if failures and all(f.preempted for f in failures):  # another node was preempted; every rank saved and left
+            _record_end(run_dir, C.STATE_PREEMPTED, failures[0].message, exit_code=128 + signal.SIGTERM)
+            return 128 + signal.SIGTERM
+        first, reason = failure_reason(failures, collective_timeout=job.resources.collective_timeout_seconds if job else None)
         code = 2 if first.exitcode == 2 else 1
         print(f"error: {reason}", file=sys.stderr, flush=True)
         _record_end(run_dir, C.STATE_FAILED, reason, exit_code=code, failed_rank=first.rank)
@@ -414,20 +462,37 @@ def launch(argv: list[str]) -> int:
         return 1
     except (_Terminated, SignalException, KeyboardInterrupt) as e:  # a signal reached the launcher
         signum = int(getattr(e, "signum", getattr(e, "sigval", signal.SIGINT)))
-        _record_end(run_dir, C.STATE_CANCELLED, f"received signal {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        if signum == signal.SIGTERM and not _cancel_requested(run_dir):
+            _record_end(run_dir, C.STATE_PREEMPTED, _preempted_reason(run_dir, name), exit_code=128 + signum)
+        else:
+            _record_end(run_dir, C.STATE_CANCELLED, f"received signal {name}")
         return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, previous)
+        preempt_file.unlink(missing_ok=True)
+
+
+def _cancel_requested(run_dir: Path | None) -> bool:
+    """``kubetune cancel`` asked for this launcher's SIGTERM (see :func:`kubetune.preemption.request_cancel`)."""
+    from .preemption import sigterm_kind
+
+    return run_dir is not None and sigterm_kind(run_dir) == "cancel"
+
+
+def _preempted_reason(run_dir: Path | None, signal_name: str) -> str:
+    """The preempted state's reason: which checkpoint the ranks saved (the newest complete one)."""
+    from .training.checkpoints import complete_checkpoints
+
+    newest = complete_checkpoints(run_dir / C.CHECKPOINTS_DIR) if run_dir is not None else []
+    saved = f"the newest complete checkpoint is {newest[-1].name}" if newest else "no checkpoint was saved"
+    return f"preempted (the launcher received {signal_name}): {saved}; rerun the same spec to resume"
 
 
 class _Terminated(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated(signum)
 
 
 def _job_of(args: argparse.Namespace) -> tuple[Any, Path | None]:

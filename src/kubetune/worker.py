@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from . import constants as C
-from . import distributed
+from . import distributed, preemption
 from .errors import BackendError, KubetuneError
 from .events import RunDir, RunLock, disk_error_reason, make_event
+from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 
 __all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "prepare_data", "publish", "main"]
@@ -38,10 +39,11 @@ log = logging.getLogger("kubetune.worker")
 def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id: str | None = None) -> int:
     """Run the whole job in this process and return an exit code (0 ok, 2 user error, 1 bug).
 
-    The run directory records every step; its final state is succeeded, failed or cancelled. Rank 0 holds
-    the run directory's lock for its whole life (a second worker on the same directory exits 2 naming the
-    holder's pid). A run directory that holds a finished run is never destroyed on the way in: the same spec
-    has nothing to do (exit 0), another spec is refused (exit 2) unless ``training.resume=never`` starts over.
+    The run directory records every step; its final state is succeeded, failed, cancelled or preempted
+    (a SIGTERM that was not a user's cancel: a checkpoint is saved at the next step boundary first, exit 143).
+    Rank 0 holds the run directory's lock for its whole life (a second worker on the same directory exits 2
+    naming the holder's pid). A run directory that holds a finished run is never destroyed on the way in: the
+    same spec has nothing to do (exit 0), another spec is refused (exit 2) unless ``training.resume=never``.
     """
     distributed.follow_launcher()  # a rank never outlives the launcher that started it
     rank = int(os.environ.get("RANK", "0"))
@@ -60,6 +62,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
                 raise BackendError(finished_run_message(run, diffs), hint=FINISHED_RUN_HINT)
         if is_main:
             lock = _take_lock(run)
+            (run.path / C.CANCEL_REQUEST_FILE).unlink(missing_ok=True)  # a cancel of an earlier run is not this one's
             run.spec_file.write_text(dump_spec(job), encoding="utf-8")
             run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
     except KubetuneError as e:  # nothing of this run was recorded: the directory belongs to someone else
@@ -69,7 +72,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         print(f"error: cannot write the run directory: {disk_error_reason(e, run.path) or e}\n"
               f"  hint: choose an output.dir on a writable file system with free space", file=sys.stderr, flush=True)
         return 2
-    _install_signal_handlers(run if is_main else None)
+    _install_signal_handlers(run if is_main else None, run.path)
     sync = None
     try:
         started = time.time()
@@ -94,6 +97,11 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             run.emit(make_event("done", "job succeeded"))
             run.mark_done()
         return 0
+    except Preempted as e:
+        if sync is not None:  # the checkpoint's upload to output.uri, within what is left of the grace period
+            sync.close(timeout=preemption.seconds_left())
+            sync = None
+        return _preempted(run, is_main, e)
     except KubetuneError as e:
         _record_failure(run, is_main, str(e), 2)
         distributed.record_error(str(e))
@@ -223,16 +231,35 @@ def _stage(run: RunDir, is_main: bool, stage: str, message: str) -> None:
         run.emit(make_event("stage", message, stage=stage))
 
 
-def _install_signal_handlers(run: RunDir | None) -> None:
-    def on_term(signum, frame):  # cancellation: record it, then leave at once
-        if run is not None and not distributed.launcher_records_state():  # that launcher records it
+def _install_signal_handlers(run: RunDir | None, run_path: Path) -> None:
+    def on_term(signum, frame):
+        if preemption.in_progress():  # the checkpoint is being saved; the grace period's SIGKILL is the hard stop
+            print("[kubetune] SIGTERM again: still saving the preemption checkpoint", flush=True)
+            return
+        kind = preemption.sigterm_kind(run_path)
+        if kind == "preempt" and preemption.request(signum):
+            print("[kubetune] SIGTERM: saving a checkpoint at the end of this step, then stopping", flush=True)
+            return  # the training loop checkpoints at its next step boundary; run_worker records `preempted`
+        if run is not None and not distributed.launcher_records_state():  # else that launcher records it
             try:
-                run.set_state(*distributed.terminated_state(signum))
+                run.set_state(*distributed.terminated_state(signum, kind))
             except Exception:
                 pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
+    """Record a preemption (rank 0, unless the launcher that started the ranks does) and return the exit code."""
+    print(f"[kubetune] {e}", flush=True)
+    if is_main:
+        ckpt = str(e.checkpoint) if e.checkpoint else None
+        run.emit(make_event("warning", str(e), path=ckpt, step=e.step, preempted=True))
+        if not distributed.launcher_records_state():
+            run.set_state(C.STATE_PREEMPTED, reason=str(e), exit_code=128 + signal.SIGTERM, checkpoint=ckpt)
+    distributed.record_error(str(e), preempted=True)
+    return 128 + signal.SIGTERM
 
 
 # --- stages ----------------------------------------------------------------------------------
@@ -287,9 +314,9 @@ def _output_sync(job: TuneJob, run: RunDir, is_main: bool):
 
     sync = OutputSync(job.output.uri)
     if job.training.resume == "auto":
-        pulled = sync.pull_latest_checkpoint(run.checkpoints_dir)
-        if pulled:
-            run.emit(make_event("checkpoint", f"pulled {pulled.name} from {job.output.uri}", path=str(pulled)))
+        from .training.checkpoints import pull_checkpoint
+
+        pull_checkpoint(sync, run)  # verified after the download, like the local ones
     return sync
 
 

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,79 @@ def test_the_quickstart_spec_resumes_from_its_own_checkpoint(tmp_path):
     assert run_worker(quick) == 0
     resumed = [ev for ev in RunDir(tmp_path / "run").read_events() if (ev.get("data") or {}).get("resume")]
     assert resumed and resumed[-1]["data"]["step"] == 4
+
+
+# --- resume with every method, modules_to_save, and the quickstart -----------------------------
+def _method_spec(tiny_job, method: str, out_dir):
+    lora = {"modules_to_save": ["embed_tokens"]} if method != "full" else {}
+    return small(
+        tiny_job,
+        method={"type": method, "lora": lora} if lora else {"type": method},
+        training={"max_steps": 4, "save_steps": 2, "batch_size": 2, "max_seq_length": 48},
+        output={"dir": str(out_dir)},
+    )
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", "dora"])
+def test_every_method_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(tiny_job, tmp_path, method):
+    """Issue 14: PEFT extended the spec's modules_to_save in place, so no checkpoint's fingerprint matched again.
+
+    The interrupted run is the reference's run directory as it was right after checkpoint-2 (its newer
+    checkpoint and outputs removed): exactly what a worker killed after that checkpoint leaves.
+    """
+    from kubetune.worker import run_worker
+
+    ref_dir = tmp_path / "reference"
+    job = load_spec(_method_spec(tiny_job, method, ref_dir))
+    before = job.model_dump(mode="json")
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        assert run_worker(job) == 0, (ref_dir / C.EVENTS_FILE).read_text()[-3000:]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert job.model_dump(mode="json") == before  # no library changed the spec it was handed
+    reference = json.loads((ref_dir / C.RESULT_FILE).read_text())
+
+    run_dir = tmp_path / "interrupted"
+    shutil.copytree(ref_dir, run_dir)
+    for name in ("checkpoint-4",):
+        shutil.rmtree(run_dir / C.CHECKPOINTS_DIR / name)
+    for name in (C.RESULT_FILE, C.DONE_FILE):
+        (run_dir / name).unlink()
+    rerun = load_spec(_method_spec(tiny_job, method, run_dir))  # a fresh load of the same spec, as a rerun does
+    try:
+        rc = run_worker(rerun)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert rc == 0, (run_dir / C.EVENTS_FILE).read_text()[-3000:]
+    result = json.loads((run_dir / C.RESULT_FILE).read_text())
+    assert result["resumed_at_step"] == 2 and result["global_step"] == 4
+    for mine, theirs in zip(result["losses"], reference["losses"], strict=True):
+        assert mine["step"] == theirs["step"] and mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5), mine
+    assert result["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-4)
+    # issue 14 (12h): the whole run's tokens, not only those trained after the resume
+    assert reference["tokens"] > 0 and result["tokens"] == reference["tokens"]
+
+
+def test_the_quickstart_run_twice_recognises_and_resumes_its_own_checkpoints(tmp_path, kubetune_cli):
+    """`kubetune run examples/quickstart.yaml` twice, then the README's SDK snippet on the same run directory."""
+    import kubetune
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    out = tmp_path / "quickstart"
+    short = [f"output.dir={out}", "training.save_steps=1"]
+    cmd = [*kubetune_cli, "run", str(quickstart), *(a for o in [*short, "training.max_steps=2"] for a in ("--set", o))]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # the same command again
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "different model or method" not in second.stdout + second.stderr
+    again = json.loads((out / C.RESULT_FILE).read_text())
+    assert again["resumed_at_step"] == 2 and again["global_step"] == 2  # recognised: not trained again
+
+    client = kubetune.Client("local")  # README: client.submit(kubetune.load_spec("examples/quickstart.yaml", [...]))
+    ref = client.submit(kubetune.load_spec(quickstart, [*short, "training.max_steps=3"]))
+    st = client.wait(ref, timeout=600)
+    assert st.state == C.STATE_SUCCEEDED, st.reason
+    resumed = json.loads((out / C.RESULT_FILE).read_text())
+    assert resumed["resumed_at_step"] == 2 and resumed["global_step"] == 3  # it continued from step 2

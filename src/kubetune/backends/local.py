@@ -7,6 +7,10 @@ final state (killed, out of memory) is reported as failed by :meth:`LocalBackend
 The run directory's spec.yaml is the redacted spec (for people and for output.uri); the worker gets the
 real one, credentials in its URIs included, in its environment (``$KUBETUNE_WORKER_SPEC``, see
 :func:`kubetune.backends._process.worker_env`): never written to disk, gone with the process, inherited by torchrun's workers.
+
+Both :meth:`LocalBackend.cancel` and :meth:`LocalBackend.preempt` send the group SIGTERM; a cancel first
+leaves ``CANCEL_REQUESTED`` in the run directory, so the worker leaves at once (``cancelled``) instead of
+saving a checkpoint first (``preempted``, see :mod:`kubetune.preemption`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .. import constants as C
 from ..errors import BackendError, JobNotFound
 from ..events import JobStatus, RunDir, disk_error_reason
 from ..paths import jobs_dir
+from ..preemption import request_cancel
 from ..spec import TuneJob, dump_spec
 from ..worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from .base import JobRef
@@ -77,6 +82,7 @@ class LocalBackend:
         job_id = new_job_id(job.name)
         env = {**worker_env(job, job_id), C.ENV_RUN_LOCK_FD: str(lock.fd)}  # fails for a too large spec before anything changes
         run.spec_file.write_text(dump_spec(job), encoding="utf-8")
+        (run.path / C.CANCEL_REQUEST_FILE).unlink(missing_ok=True)  # an earlier run's cancel is not this one's
         run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
         run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
         cmd = _worker_command(job, run)
@@ -159,18 +165,41 @@ class LocalBackend:
             return
         pid = st.pid
         if pid:
-            _kill_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while self._group_alive(pid) and time.monotonic() < deadline:
-                self._reap(pid)
-                time.sleep(0.1)
-            if self._group_alive(pid):
-                _kill_group(pid, signal.SIGKILL)
-                time.sleep(0.2)
-            self._reap(pid)
+            request_cancel(run.path, pid)  # a user's cancel, not a preemption: the worker leaves at once
+            self._stop_group(pid, 10)
         st = run.read_status()
         if st is None or not st.terminal:
             run.set_state(C.STATE_CANCELLED, reason="cancelled by user")
+
+    def preempt(self, ref: JobRef, timeout: float = C.PREEMPT_SAVE_TIMEOUT_S) -> JobStatus | None:
+        """Stop the job as a preemption does: it saves a checkpoint at the next step boundary and ends ``preempted``.
+
+        Sends the worker's process group SIGTERM and waits up to ``timeout`` seconds before killing what is
+        left. Rerunning the spec resumes from the checkpoint. Returns the final status (None when there is none).
+        """
+        run = self._run(ref)
+        st = run.read_status()
+        if st is None or st.terminal:
+            return st
+        if st.pid:
+            self._stop_group(st.pid, timeout)
+        st = run.read_status()
+        if st is None or not st.terminal:
+            run.set_state(C.STATE_PREEMPTED, reason=f"stopped by SIGTERM; the worker did not save a checkpoint within {timeout:.0f} s and was killed")
+            st = run.read_status()
+        return st
+
+    def _stop_group(self, pid: int, timeout: float) -> None:
+        """SIGTERM to the group, up to ``timeout`` seconds for it to end, then SIGKILL."""
+        _kill_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self._group_alive(pid) and time.monotonic() < deadline:
+            self._reap(pid)
+            time.sleep(0.1)
+        if self._group_alive(pid):
+            _kill_group(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        self._reap(pid)
 
     def list(self) -> list[JobRef]:
         return [JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra={"pid": d.get("pid")})

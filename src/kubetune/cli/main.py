@@ -6,6 +6,7 @@ need them, so ``kubetune --help``, ``validate`` and ``render`` start instantly.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -138,11 +139,15 @@ def run(
         return
     out.print(f"[bold]{ref.id}[/] on {backend}" + (f" -> {ref.run_dir}" if ref.run_dir else ""))
     try:
-        st = _follow(client, ref, out)
-    except KeyboardInterrupt:
+        with _termination_raises():
+            st = _follow(client, ref, out)
+    except KeyboardInterrupt:  # Ctrl-C: the user's cancel
         out.print("[yellow]interrupted: cancelling the job[/]")
         client.cancel(ref)
         raise typer.Exit(130)
+    except _Terminated as e:  # SIGTERM/SIGHUP (killed, terminal closed): the job is preempted, not left running
+        _stop_as_preempted(client, ref, out, e.signum)
+        raise typer.Exit(128 + e.signum)
     if st.state == C.STATE_SUCCEEDED:
         _print_success(ref, out)
         return
@@ -166,6 +171,56 @@ def _print_success(ref, out) -> None:
     out.print(f"[green]succeeded[/]{summary}")
     if ref.run_dir:
         out.print(f"results in {ref.run_dir}")
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals that end `kubetune run` in the foreground without the user asking for a cancel.
+_TERMINATION_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def _termination_raises():
+    """While following a job, SIGTERM and SIGHUP raise _Terminated (their default would orphan the worker)."""
+    import signal
+
+    def raise_terminated(signum, frame):
+        raise _Terminated(signum)
+
+    sigs = [getattr(signal, n) for n in _TERMINATION_SIGNALS if hasattr(signal, n)]
+    previous = {s: signal.signal(s, raise_terminated) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _stop_as_preempted(client, ref, out, signum: int) -> None:
+    """Stop a followed job as a preemption: a checkpoint at the next step boundary, then ``preempted``."""
+    import signal
+
+    from ..errors import BackendError
+
+    def say(text: str) -> None:
+        try:
+            out.print(text)
+        except Exception:  # the terminal may be gone (SIGHUP): stopping the job matters more
+            pass
+
+    name = signal.Signals(signum).name
+    say(f"[yellow]received {name}: stopping the job once it has saved a checkpoint (rerun the spec to resume)[/]")
+    try:
+        st = client.preempt(ref)
+    except BackendError:
+        say(f"[yellow]the job goes on ({ref.id}): kubetune status / cancel follow it[/]")
+        return
+    if st is not None:
+        say(f"{st.state}: {st.reason or ''}")
 
 
 def _read_result(ref) -> dict | None:

@@ -74,33 +74,53 @@ class OutputSync:
         self.errors: list[str] = []  # background failures (training goes on; publish reports them)
 
     # -- resume ------------------------------------------------------------------------------
-    def pull_latest_checkpoint(self, local_checkpoints_dir: Path) -> Path | None:
+    def pull_latest_checkpoint(
+        self,
+        local_checkpoints_dir: Path,
+        *,
+        verify: Callable[[Path], str | None] | None = None,
+        on_rejected: Callable[[str, str], Any] | None = None,
+    ) -> Path | None:
         """Download the newest complete remote checkpoint into ``local_checkpoints_dir``; None when there is none.
 
-        A local complete checkpoint that is as new or newer is kept and returned instead.
+        A local complete checkpoint that is as new or newer (and passes ``verify``) is kept and returned instead.
+
+        Args:
+            verify: ``path -> problem or None``, run on each downloaded checkpoint (and on the local ones it is
+                compared with); a remote checkpoint with a problem is discarded and the next older one is tried.
+            on_rejected: called with ``(name, problem)`` for each remote checkpoint discarded by ``verify``.
         """
         local_dir = Path(local_checkpoints_dir)
-        names = self._target.complete_checkpoints()
+        names = sorted(self._target.complete_checkpoints(), key=_step, reverse=True)
         if not names:
             return None
-        name = max(names, key=_step)
-        local = local_dir / name
-        newest_local = max((p for p in local_dir.glob("checkpoint-*") if (p / C.CHECKPOINT_COMPLETE).is_file()),
-                           key=lambda p: _step(p.name), default=None) if local_dir.is_dir() else None
-        if newest_local is not None and _step(newest_local.name) >= _step(name):
-            return newest_local
-        tmp = local_dir / f".{name}.pulling"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self._target.download_checkpoint(name, tmp)
-        if not (tmp / C.CHECKPOINT_COMPLETE).is_file():
+        local = sorted((p for p in local_dir.glob("checkpoint-*") if _step(p.name) >= 0 and (p / C.CHECKPOINT_COMPLETE).is_file()),
+                       key=lambda p: _step(p.name), reverse=True) if local_dir.is_dir() else []
+        newest_local = next((p for p in local if verify is None or verify(p) is None), None)
+        for name in names:
+            if newest_local is not None and _step(newest_local.name) >= _step(name):
+                return newest_local
+            tmp = local_dir / f".{name}.pulling"
             shutil.rmtree(tmp, ignore_errors=True)
-            raise SourceError(f"{self.loc.safe}: remote {name} lost its completion marker while it was downloaded")
-        if local.exists():
-            shutil.rmtree(local)
-        os.replace(tmp, local)
-        log.info("pulled %s from %s", name, self.loc.safe)
-        return local
+            tmp.mkdir(parents=True)
+            self._target.download_checkpoint(name, tmp)
+            if not (tmp / C.CHECKPOINT_COMPLETE).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise SourceError(f"{self.loc.safe}: remote {name} lost its completion marker while it was downloaded")
+            problem = verify(tmp) if verify is not None else None
+            if problem is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.warning("%s: remote %s is damaged (%s); trying an older one", self.loc.safe, name, problem)
+                if on_rejected is not None:
+                    on_rejected(name, problem)
+                continue
+            dest = local_dir / name
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+            log.info("pulled %s from %s", name, self.loc.safe)
+            return dest
+        return newest_local
 
     # -- while training ----------------------------------------------------------------------
     def checkpoint_saved(self, ckpt_dir: Path) -> None:

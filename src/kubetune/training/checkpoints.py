@@ -1,10 +1,16 @@
 """Checkpoints that are complete or invisible, and the choice of which one a run resumes from.
 
 The trainer writes ``checkpoints/checkpoint-N/`` (weights or adapter, optimizer, scheduler, RNG states,
-trainer state with the data position). When every file is on disk (flushed), kubetune adds the marker
-``KUBETUNE_COMPLETE`` (JSON: step, fingerprint, eval loss) with an atomic rename; only marked checkpoints
+trainer state with the data position and the tokens seen). When every file is on disk (flushed), kubetune
+adds the marker ``KUBETUNE_COMPLETE`` (JSON: step, fingerprint, eval loss, and every file's size with a
+sha256 of each file up to ``CHECKPOINT_DIGEST_MAX_BYTES``) with an atomic rename; only marked checkpoints
 exist for resume, rotation, sync and ``best_checkpoint``. A worker killed mid-save leaves an unmarked
 directory, which the next run removes with a warning and never loads.
+
+A marked checkpoint can still be damaged later (a truncated copy, a disk error, a bad upload): resume
+verifies the files against the marker and falls back to the newest checkpoint that verifies, moving the
+damaged ones aside to ``corrupt-checkpoint-N``. Markers written before sizes were recorded cannot be
+verified and are accepted as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from ..events import RunDir, make_event
 from ..spec import TuneJob
 
 __all__ = [
+    "verify_checkpoint",
+    "pull_checkpoint",
     "complete_checkpoints",
     "incomplete_checkpoints",
     "find_resume_checkpoint",
@@ -71,6 +79,15 @@ def checkpoint_fingerprint(job: TuneJob) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _marker_data(ckpt: Path) -> dict | None:
+    """The marker's data, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads((Path(ckpt) / C.CHECKPOINT_COMPLETE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_marker(ckpt: Path) -> dict:
     """The completion marker's data ({} when missing or unreadable)."""
     try:
@@ -80,13 +97,23 @@ def read_marker(ckpt: Path) -> dict:
         return {}
 
 
-def mark_complete(ckpt: Path, job: TuneJob, *, step: int, eval_loss: float | None = None) -> None:
-    """Flush the checkpoint's files to disk, then make it visible with the marker (atomic rename)."""
+def mark_complete(ckpt: Path, fingerprint: str, *, step: int, eval_loss: float | None = None) -> None:
+    """Flush the checkpoint's files to disk, record their sizes and digests, then make it visible with the marker.
+
+    Args:
+        ckpt: the checkpoint directory the trainer has just written.
+        fingerprint: :func:`checkpoint_fingerprint` of the job, taken before any library saw the spec.
+        step: the global step it holds.
+        eval_loss: the evaluation loss at that step, if there was one.
+    """
     ckpt = Path(ckpt)
-    for path in ckpt.rglob("*"):
-        if path.is_file():
-            _fsync(path)
-    marker = {"step": step, "fingerprint": checkpoint_fingerprint(job), "time": round(time.time(), 3)}
+    files = {}
+    for path in sorted(ckpt.rglob("*")):
+        if not path.is_file() or path.name in (C.CHECKPOINT_COMPLETE, f".{C.CHECKPOINT_COMPLETE}.tmp"):
+            continue
+        files[path.relative_to(ckpt).as_posix()] = _file_record(path)
+        _fsync(path)
+    marker = {"step": step, "fingerprint": fingerprint, "time": round(time.time(), 3), "files": files}
     if eval_loss is not None:
         marker["eval_loss"] = eval_loss
     tmp = ckpt / f".{C.CHECKPOINT_COMPLETE}.tmp"
@@ -94,6 +121,57 @@ def mark_complete(ckpt: Path, job: TuneJob, *, step: int, eval_loss: float | Non
     _fsync(tmp)
     os.replace(tmp, ckpt / C.CHECKPOINT_COMPLETE)
     _fsync(ckpt)
+
+
+def _file_record(path: Path) -> dict:
+    size = path.stat().st_size
+    record: dict = {"size": size}
+    if size <= C.CHECKPOINT_DIGEST_MAX_BYTES:
+        record["sha256"] = _sha256(path)
+    return record
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """What is wrong with a marked checkpoint's files, or None when they match its marker.
+
+    Every file the marker lists must exist with its recorded size, and with its recorded sha256 where one
+    was recorded. A marker without a file list (written by kubetune before it recorded them) cannot be
+    checked: such a checkpoint is accepted (None).
+    """
+    ckpt = Path(ckpt)
+    marker = _marker_data(ckpt)
+    if marker is None:
+        return f"its {C.CHECKPOINT_COMPLETE} marker is missing or unreadable"
+    files = marker.get("files")
+    if files is None:
+        return None  # an older marker: nothing recorded to check against
+    if not isinstance(files, dict):
+        return f"its {C.CHECKPOINT_COMPLETE} marker has no readable file list"
+    for rel, want in sorted(files.items()):
+        path = ckpt / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{rel} is missing"
+        if not isinstance(want, dict) or size != want.get("size"):
+            return f"{rel} has {size} bytes, {want.get('size') if isinstance(want, dict) else '?'} were written"
+        digest = want.get("sha256")
+        if digest:
+            try:
+                actual = _sha256(path)
+            except OSError as e:
+                return f"{rel} cannot be read ({e.strerror or e})"
+            if actual != digest:
+                return f"{rel} does not match the sha256 recorded when it was written"
+    return None
 
 
 def _fsync(path: Path) -> None:
@@ -142,15 +220,17 @@ def rotate_checkpoints(ckpt_dir: Path, keep: int | None) -> list[Path]:
 def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> Path | None:
     """The checkpoint this run continues from, per ``training.resume``.
 
-    ``auto``: the newest complete checkpoint in the run directory (incomplete ones are removed, never
-    loaded). ``never``: none; earlier checkpoints are removed so that they cannot be resumed later by
-    mistake. A path: that checkpoint, which must be complete.
+    ``auto``: the newest complete checkpoint in the run directory whose files verify (incomplete ones are
+    removed, never loaded; damaged ones are moved aside with a warning). ``never``: none; earlier checkpoints
+    are removed so that they cannot be resumed later by mistake. A path: that checkpoint, which must be
+    complete and, when it has a marker, verify.
 
     Args:
         emit: this process writes the run directory (rank 0): it removes stale checkpoints and reports.
 
     Raises:
-        TrainError: the path is not a complete checkpoint, or the checkpoint belongs to another model/method.
+        TrainError: the path is not a complete checkpoint or is damaged, no checkpoint is intact, or the
+            checkpoint belongs to another model/method.
     """
     mode = job.training.resume
     ckpts = run.checkpoints_dir
@@ -171,6 +251,12 @@ def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> P
                 f"training.resume: '{mode}' is not a complete checkpoint directory",
                 hint="give a checkpoints/checkpoint-N directory that holds KUBETUNE_COMPLETE, or use auto / never",
             )
+        problem = verify_checkpoint(path) if (path / C.CHECKPOINT_COMPLETE).is_file() else None
+        if problem:
+            raise TrainError(
+                f"training.resume: checkpoint {path} is damaged ({problem})",
+                hint="restore its files, choose an earlier checkpoint, or use auto / never",
+            )
         _check_fingerprint(job, path, run)
         say(make_event("checkpoint", f"resuming from {path}", path=str(path), step=checkpoint_step(path), resume=True))
         return path
@@ -181,10 +267,69 @@ def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> P
     complete = complete_checkpoints(ckpts)
     if not complete:
         return None
-    newest = complete[-1]
+    newest = _newest_intact(complete, run) if emit else complete[-1]  # other ranks take rank 0's choice
     _check_fingerprint(job, newest, run)
     say(make_event("checkpoint", f"resuming from {newest.name}", path=str(newest), step=checkpoint_step(newest), resume=True))
     return newest
+
+
+def _newest_intact(complete: list[Path], run: RunDir) -> Path:
+    """The newest checkpoint whose files verify; newer damaged ones are moved aside with a warning.
+
+    Raises:
+        TrainError: none of them verifies (they are left in place, to be restored or inspected).
+    """
+    damaged: list[tuple[Path, str]] = []
+    for ckpt in reversed(complete):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            break
+        damaged.append((ckpt, problem))
+    else:
+        listing = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+        raise TrainError(
+            f"no checkpoint in {run.checkpoints_dir} is intact, so the run cannot resume ({listing})",
+            hint="restore the checkpoint files (from output.uri or a backup), or set training.resume=never to start over",
+        )
+    for bad, problem in damaged:
+        aside = _quarantine(bad)
+        run.emit(
+            make_event(
+                "warning",
+                f"checkpoint {bad} is damaged ({problem}): moved aside to {aside.name}, resuming from {ckpt.name} instead",
+                path=str(bad), moved_to=str(aside), problem=problem,
+            )
+        )
+    return ckpt
+
+
+def _quarantine(ckpt: Path) -> Path:
+    """Move a damaged checkpoint out of the way (kept for inspection; nothing resumes, syncs or rotates it)."""
+    aside = ckpt.with_name(f"{C.CHECKPOINT_QUARANTINE_PREFIX}{ckpt.name}")
+    if aside.exists():
+        aside = ckpt.with_name(f"{C.CHECKPOINT_QUARANTINE_PREFIX}{ckpt.name}-{int(time.time())}")
+    os.replace(ckpt, aside)
+    return aside
+
+
+def pull_checkpoint(sync, run: RunDir) -> Path | None:
+    """Bring the newest intact checkpoint of ``output.uri`` into the run directory (``training.resume: auto``).
+
+    A remote checkpoint is verified against its own marker after the download; a damaged one is dropped with a
+    warning and the next older one is tried. A local checkpoint that verifies and is as new is kept.
+
+    Args:
+        sync: the run's :class:`kubetune.storage.OutputSync`.
+        run: the run directory (rank 0).
+    """
+
+    def rejected(name: str, problem: str) -> None:
+        run.emit(make_event("warning", f"{sync.loc.safe}: remote {name} is damaged ({problem}): not resuming from it", checkpoint=name, problem=problem))
+
+    pulled = sync.pull_latest_checkpoint(run.checkpoints_dir, verify=verify_checkpoint, on_rejected=rejected)
+    if pulled is not None:
+        run.emit(make_event("checkpoint", f"pulled {pulled.name} from {sync.loc.safe}", path=str(pulled)))
+    return pulled
 
 
 def _check_fingerprint(job: TuneJob, ckpt: Path, run: RunDir) -> None:

@@ -133,6 +133,8 @@ def _attach_adapter(job: TuneJob, model, device: dict):
             _disable_bnb_cpu_packing(model)
     lora = job.method.lora
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    # PEFT extends LoraConfig's lists in place (modules_to_save gains "model.embed_tokens" beside "embed_tokens"):
+    # it gets copies, never the spec's own lists, or the spec (and the checkpoint fingerprint) changes under us.
     extra: dict[str, Any] = {}
     if "ensure_weight_tying" in LoraConfig.__dataclass_fields__:  # peft >= 0.18
         # A tied input/output embedding in modules_to_save stays tied (one trained copy serves both), so the
@@ -144,8 +146,6 @@ def _attach_adapter(job: TuneJob, model, device: dict):
         lora_dropout=lora.dropout,
         target_modules=resolve_target_modules(job, model),
         use_rslora=lora.use_rslora,
-        # PEFT extends these lists in place (modules_to_save gains "model.embed_tokens"): it gets copies, never the
-        # spec's own lists, or the spec and with it the checkpoint fingerprint would change under the run
         modules_to_save=list(lora.modules_to_save) or None,
         bias=lora.bias,
         use_dora=job.method.type == "dora",
@@ -166,6 +166,8 @@ def _attach_adapter(job: TuneJob, model, device: dict):
 def resolve_target_modules(job: TuneJob, model) -> str | list[str]:
     """``all-linear`` or a list of module names, expanding the ``attention``/``mlp`` presets for this architecture.
 
+    A list is always a new one (the spec's own list never reaches a library that may change it).
+
     Raises:
         TrainError: ``attention``/``mlp`` for an architecture without a preset.
     """
@@ -173,7 +175,7 @@ def resolve_target_modules(job: TuneJob, model) -> str | list[str]:
 
     targets = job.method.lora.target_modules
     if isinstance(targets, list):
-        return list(targets)  # a copy: the spec's own list never reaches a library that may change it
+        return list(targets)
     if targets == "all-linear":
         return targets
     model_type = getattr(model.config, "model_type", "?")

@@ -3,7 +3,8 @@
 Every logging step emits a ``metrics`` event with step/total, loss, learning rate, grad norm, tokens/s,
 ETA and peak memory (events.jsonl and status.json; ``kubetune run`` and ``kubetune status`` show them).
 Every evaluation emits eval loss and perplexity. A NaN/inf loss stops the run (and its checkpoint is not
-saved); a grad norm of exactly zero for several logged steps is warned about.
+saved); a grad norm of exactly zero for several logged steps is warned about. A preemption
+(:mod:`kubetune.preemption`) saves a checkpoint at the next step boundary and stops the run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import distributed
+from .. import distributed, preemption
 from ..events import RunDir, make_event
 from ..spec import TuneJob
-from .checkpoints import mark_complete, rotate_checkpoints
+from .checkpoints import checkpoint_fingerprint, mark_complete, rotate_checkpoints
 
 __all__ = ["Plan", "ProgressCallback", "ZERO_GRAD_STEPS", "perplexity", "peak_memory_mb"]
 
@@ -72,6 +73,9 @@ def _callback_base():
 class ProgressCallback(_callback_base()):  # type: ignore[misc]
     """Turns trainer logs into kubetune events, marks checkpoints complete, and watches the run's health.
 
+    Build it before the model is loaded: it takes the job's checkpoint fingerprint then, before any library
+    has seen the spec.
+
     Args:
         run: the run directory events go to.
         job: the job (fingerprint and rotation settings).
@@ -83,6 +87,8 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
 
     def __init__(self, run: RunDir, job: TuneJob, device: dict, plan: Plan, *, emit: bool, sync: Any = None) -> None:
         self.run, self.job, self.device, self.plan, self.emit, self.sync = run, job, device, plan, emit, sync
+        self.fingerprint = checkpoint_fingerprint(job)
+        self.preempted_at: int | None = None  # the step a preemption stopped the run at
         self.t0: float | None = None
         self.step0 = 0
         self.tokens_at_start = 0
@@ -98,12 +104,31 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         self.t0 = time.time()
         self.step0 = state.global_step
         self.tokens_at_start = int(state.num_input_tokens_seen or 0)
+        preemption.arm()
         if not self.emit:
             return
         if state.max_steps != self.plan.total_steps:
             self.run.emit(make_event("warning", f"the trainer plans {state.max_steps} steps, kubetune planned {self.plan.total_steps}"))
         if state.global_step:
             print(f"[kubetune] continuing at step {state.global_step}/{state.max_steps}", flush=True)
+
+    # -- preemption ----------------------------------------------------------------------------
+    def on_step_end(self, args, state, control, **kw):
+        if self.preempted_at is not None or not preemption.agreed():  # every rank asks at every step end
+            return
+        self.preempted_at = state.global_step
+        control.should_save = True  # this step's checkpoint, then stop (on_save marks it complete)
+        control.should_training_stop = True
+        control.should_evaluate = False  # the grace period is for saving
+        if self.emit:
+            msg = f"preempted (SIGTERM): saving checkpoint-{state.global_step} at this step boundary, then stopping"
+            self.run.emit(make_event("warning", msg, step=state.global_step, preempted=True))
+            print(f"[kubetune] {msg}", flush=True)
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.preempted_at is None and preemption.agreed():  # after the last step end: nothing newer to save
+            self.preempted_at = state.global_step
+        preemption.disarm()
 
     # -- every logging step --------------------------------------------------------------------
     def on_log(self, args, state, control, logs=None, **kw):
@@ -185,7 +210,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         if not self.emit or not ckpt.is_dir():
             return
         eval_loss = self.evals[-1]["eval_loss"] if self.evals and self.evals[-1]["step"] == state.global_step else None
-        mark_complete(ckpt, self.job, step=state.global_step, eval_loss=eval_loss)
+        mark_complete(ckpt, self.fingerprint, step=state.global_step, eval_loss=eval_loss)
         self.run.emit(make_event("checkpoint", f"saved {ckpt.name}", path=str(ckpt), step=state.global_step, eval_loss=eval_loss))
         for old in rotate_checkpoints(ckpt.parent, self.job.training.save_total_limit):
             self.run.emit(make_event("checkpoint", f"removed {old.name} (training.save_total_limit={self.job.training.save_total_limit})", path=str(old), removed=True))

@@ -18,6 +18,7 @@ from .. import constants as C
 from .. import distributed
 from ..errors import TrainError
 from ..events import RunDir, make_event
+from ..preemption import Preempted
 from ..spec import TuneJob
 from .checkpoints import best_checkpoint, checkpoint_step, complete_checkpoints, find_resume_checkpoint
 from .model import count_parameters, device_info, load_model, load_tokenizer, precision
@@ -39,8 +40,9 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
         The result metrics: losses, eval loss and perplexity, best checkpoint, tokens, tokens/s, runtime.
 
     Raises:
-        TrainError: out of memory (with advice naming spec fields), NaN loss, a bad resume path, or a
-            missing optional package.
+        TrainError: out of memory (with advice naming spec fields), NaN loss, a bad resume path, a checkpoint
+            that cannot be loaded, or a missing optional package.
+        Preempted: a SIGTERM (not a user's cancel) stopped the run after it saved a checkpoint.
     """
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback
@@ -59,9 +61,9 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
     started = time.time()
     with _out_of_memory_advice(job), _tracking(job, run):
         set_seed(job.training.seed)  # adapter initialisation draws from the global RNG
+        progress = ProgressCallback(run, job, device, plan, emit=is_main, sync=sync)  # before any library sees the spec
         model = load_model(job, model_path, device)
         trainable, total = count_parameters(model)
-        progress = ProgressCallback(run, job, device, plan, emit=is_main, sync=sync)
         trainer = SFTTrainer(
             model=model,
             args=_setup_args(job, run, device, plan, has_eval=prepared.eval is not None),
@@ -72,6 +74,9 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
         )
         trainer.remove_callback(PrinterCallback)  # progress goes through our events instead
         resume = distributed.resume_point(resume)  # every rank resumes from rank 0's checkpoint
+        if resume is not None:
+            _keep_training_dtypes(trainer)
+            _guard_checkpoint_loading(trainer, resume)
         if resume is not None and checkpoint_step(resume) >= plan.total_steps:
             _load_finished(trainer, resume, run, emit=is_main)  # trained already; it stopped before publishing
         else:
@@ -82,6 +87,10 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
                 hint="lower training.learning_rate, keep training.max_grad_norm > 0, use model.dtype bfloat16 rather "
                 "than float16, or check the data for broken rows",
             )
+        if progress.preempted_at is not None:
+            distributed.barrier()  # rank 0 has marked the checkpoint complete before any rank leaves
+            newest = complete_checkpoints(run.checkpoints_dir)
+            raise Preempted(progress.preempted_at, newest[-1] if newest else None)
         final_eval = _final_evaluation(trainer, progress, has_eval=prepared.eval is not None)
 
     losses = log_history_losses(trainer.state.log_history)
@@ -98,7 +107,9 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
         "samples": plan.samples,
         "trainable_parameters": trainable,
         "total_parameters": total,
-        "tokens": progress.tokens,
+        # The whole run's tokens: the trainer state carries the count through checkpoints, so a resumed run adds
+        # to what it resumed from. tokens/s is this session's (its tokens over its training time).
+        "tokens": int(trainer.state.num_input_tokens_seen or 0),
         "tokens_per_second": round(progress.tokens / progress.train_seconds, 1) if progress.train_seconds else None,
         "train_seconds": round(progress.train_seconds, 2),
         "runtime_seconds": round(time.time() - started, 2),
@@ -225,11 +236,81 @@ def _tracking(job: TuneJob, run: RunDir) -> Iterator[None]:
 
 
 # --- training --------------------------------------------------------------------------------
+# The Trainer's methods that read a checkpoint's files when it resumes (weights, optimizer and scheduler, loss
+# scaler, RNG states). Their errors (a truncated safetensors or torch file, a shape mismatch) become one TrainError.
+_CHECKPOINT_LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
+
+
+def _guard_checkpoint_loading(trainer: Any, ckpt: Path) -> None:
+    """Make a checkpoint that cannot be loaded a TrainError naming it, instead of the library's traceback.
+
+    Raises:
+        TrainError: its trainer state is not readable JSON (checked here, before anything loads).
+    """
+    import functools
+    import json
+
+    try:
+        json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _unloadable(ckpt, e) from None
+
+    def guarded(load):
+        @functools.wraps(load)
+        def run(*args, **kwargs):
+            try:
+                return load(*args, **kwargs)
+            except Exception as e:
+                if isinstance(e, TrainError) or is_out_of_memory(e):
+                    raise
+                raise _unloadable(ckpt, e) from e
+
+        return run
+
+    for name in _CHECKPOINT_LOADERS:
+        load = getattr(trainer, name, None)
+        if load is not None:
+            setattr(trainer, name, guarded(load))  # an instance attribute: the Trainer's own calls go through it
+
+
+def _keep_training_dtypes(trainer: Any) -> None:
+    """Resume with the trainable weights in the dtype training used, not the one the loader picks.
+
+    TRL trains a QLoRA adapter in bf16 (the checkpoint stores bf16), while PEFT's ``load_adapter`` upcasts the
+    loaded adapter to fp32: a resumed run would train in another precision than the run it continues, and its
+    losses would drift from the uninterrupted run's.
+    """
+    import functools
+
+    load = trainer._load_from_checkpoint
+
+    @functools.wraps(load)
+    def run(*args, **kwargs):
+        model = trainer.model
+        before = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+        out = load(*args, **kwargs)
+        for name, param in model.named_parameters():
+            if name in before and param.dtype != before[name]:
+                param.data = param.data.to(before[name])
+        return out
+
+    trainer._load_from_checkpoint = run
+
+
+def _unloadable(ckpt: Path, e: BaseException) -> TrainError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return TrainError(
+        f"checkpoint {ckpt} cannot be loaded to resume from ({type(e).__name__}: {first})",
+        hint=f"move {ckpt} aside (or delete it) to resume from the checkpoint before it, or set training.resume=never "
+        "to start over; a checkpoint written by another kubetune, transformers or peft version may not load",
+    )
+
+
 def _load_finished(trainer: Any, ckpt: Path, run: RunDir, *, emit: bool) -> None:
     """Take the weights and state of a checkpoint that already reached the planned step count."""
     from transformers.trainer_callback import TrainerState
 
-    trainer._load_from_checkpoint(str(ckpt))
+    trainer._load_from_checkpoint(str(ckpt))  # guarded by _guard_checkpoint_loading
     trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
     if emit:
         run.emit(make_event("stage", f"{ckpt.name} already reached the planned steps: not training again", stage=C.STAGE_TRAIN))

@@ -301,6 +301,22 @@ def test_crash_quotes_the_last_lines_and_worker_reason_wins(double, backend):
     assert backend.status(ref).reason == "dataset.source: row 3 is not valid JSON"
 
 
+def test_an_evicted_worker_that_saved_its_checkpoint_is_preempted_not_failed(double, backend):
+    """The kubelet's SIGTERM: the worker checkpoints, records `preempted` and exits 143; the Job then fails."""
+    ref = backend.submit(_job("cpu"))
+    job = double.get(*JOBS, "default", "tune-demo")
+    reason = "preempted (SIGTERM): saved checkpoint-37 at step 37; rerun the same spec to resume"
+    logs = _worker_log(
+        make_event("checkpoint", "saved checkpoint-37", path="/workspace/output/checkpoints/checkpoint-37", step=37),
+        make_event("state", "preempted", state=C.STATE_PREEMPTED, reason=reason, exit_code=143),
+    )
+    _running_pod(double, job, logs=logs, phase="Failed", main_state={"terminated": {"exitCode": 143, "reason": "Error"}})
+    _failed(double)
+    st = backend.status(ref)
+    assert st.state == C.STATE_PREEMPTED and st.terminal
+    assert st.reason == reason
+
+
 # --- the CLI through the main app (KUBECONFIG points at the double) ------------------------------
 def test_cli_run_status_cancel(double, kubeconfig, tmp_path):
     spec = tmp_path / "job.yaml"

@@ -14,7 +14,7 @@ from kubetune.errors import SpecError
 from kubetune.spec import load_spec
 
 from . import specs
-from .k8s_validate import CRDS, SCHEMAS, SHARED_SCHEMAS, VENDORED_SCHEMAS, validate_all
+from .k8s_validate import CRDS, SCHEMAS, SHARED_SCHEMAS, VENDORED_SCHEMAS, Invalid, validate_all
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("KUBETUNE_UPDATE_GOLDEN") == "1"  # KUBETUNE_UPDATE_GOLDEN=1 pytest ... rewrites them
@@ -146,6 +146,32 @@ def test_trainjob_references_the_runtime_and_sets_topology():
     assert pod["containers"][0]["name"] == C.K8S_TRAINJOB_STEP
     assert {v["name"] for v in pod["volumes"]} >= {"spec", "workspace", "dshm"}
     assert pod["affinity"]["podAntiAffinity"]
+
+
+def _trainjob_pod(workload: dict) -> dict:
+    patch = workload["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    return patch["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("flavor", specs.FLAVORS)
+def test_pods_leave_the_worker_time_to_save_a_checkpoint_when_preempted(flavor):
+    """The kubelet's SIGTERM makes the worker checkpoint at its next step boundary; SIGKILL follows after the grace."""
+    import copy
+
+    objects = render(_job("amd-2x4"), flavor)  # two nodes: the PyTorchJob has Master and Worker pods
+    workload = _workload(objects)
+    pods = [_trainjob_pod(workload)] if flavor == "trainjob" else _pod_specs(workload)
+    assert len(pods) == (2 if flavor == "pytorchjob" else 1)
+    for pod in pods:
+        assert pod["terminationGracePeriodSeconds"] == C.K8S_TERMINATION_GRACE_SECONDS
+    assert C.K8S_TERMINATION_GRACE_SECONDS >= C.PREEMPT_SAVE_TIMEOUT_S + 30  # the save, then recording the end
+    validate_all(objects)
+    # the CRD schema checks the field where it is rendered: a wrong value there is refused
+    bad = copy.deepcopy(objects)
+    for pod in [_trainjob_pod(_workload(bad))] if flavor == "trainjob" else _pod_specs(_workload(bad)):
+        pod["terminationGracePeriodSeconds"] = "five minutes"
+    with pytest.raises(Invalid, match="terminationGracePeriodSeconds"):
+        validate_all(bad)
 
 
 def test_trainjob_fetches_inputs_before_the_worker():

@@ -95,9 +95,9 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
             sync = OutputSync(job.output.uri)
             if job.training.resume == "auto":
-                pulled = sync.pull_latest_checkpoint(run.checkpoints_dir)
-                if pulled:
-                    run.emit(make_event("checkpoint", f"pulled {pulled.name} from {job.output.uri}", path=str(pulled)))
+                from ...training.checkpoints import pull_checkpoint
+
+                pull_checkpoint(sync, run)  # verified after the download, like the local ones
         try:
             from ...worker import prepare_data
 

@@ -135,6 +135,8 @@ class KubernetesBackend:
             state = C.STATE_PENDING  # "active" counts pods that are still waiting for a node or an image
         st = status_from_events(events)
         worker_reason = st.reason if st.state == C.STATE_FAILED else None
+        if state == C.STATE_FAILED and st.state == C.STATE_PREEMPTED:  # evicted after saving: a rerun resumes
+            state, reason = C.STATE_PREEMPTED, st.reason
         st.state = state
         st.job_id, st.name, st.backend = ref.id, ref.name or ref.id, self.name
         st.created_at = _epoch(obj["metadata"].get("creationTimestamp"))
@@ -146,7 +148,7 @@ class KubernetesBackend:
         st.extra = {"namespace": ns, "flavor": flavor, "pods": {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}}
         if "progress_percentage" in progress:
             st.extra["progress_percentage"] = progress["progress_percentage"]
-        if state != C.STATE_SUCCEEDED and state != C.STATE_CANCELLED:
+        if state not in (C.STATE_SUCCEEDED, C.STATE_CANCELLED, C.STATE_PREEMPTED):
             found = diagnose(pods, main_container=C.K8S_MAIN_CONTAINER[flavor], logs_tail=lambda p, c: self._tail(p, c, ns), queue=_queue(obj))
             if state == C.STATE_FAILED:
                 st.reason = worker_reason or found or reason or "failed"
@@ -155,7 +157,7 @@ class KubernetesBackend:
                     st.extra["exit_code"] = code
             else:
                 st.reason = found or reason
-        elif state == C.STATE_CANCELLED:
+        elif state in (C.STATE_CANCELLED, C.STATE_PREEMPTED):
             st.reason = reason
         return st
 

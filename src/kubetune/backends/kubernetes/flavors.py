@@ -91,6 +91,9 @@ def _main_container(ctx: RenderContext, name: str, command: list[str], args: lis
 def _pod_spec(ctx: RenderContext, container: dict, *, restart: str = "Never", **extra) -> dict:
     job = ctx.job
     spec: dict = {"restartPolicy": restart, **extra}
+    # On eviction or preemption the kubelet sends SIGTERM, then SIGKILL after this grace: the worker saves a
+    # checkpoint at its next step boundary in between (kubetune.preemption); Kubernetes' default of 30 s is too short.
+    spec["terminationGracePeriodSeconds"] = C.K8S_TERMINATION_GRACE_SECONDS
     spec.update(P.pod_scheduling(job))
     psc = P.pod_security_context(job)
     if psc:
@@ -268,7 +271,7 @@ def _trainjob_patch(ctx: RenderContext) -> dict:
     sc = P.container_security_context(job)
     if sc:
         container["securityContext"] = sc
-    pod_spec: dict = {}
+    pod_spec: dict = {"terminationGracePeriodSeconds": C.K8S_TERMINATION_GRACE_SECONDS}  # room for the preemption save
     pod_spec.update(P.pod_scheduling(job))
     psc = P.pod_security_context(job)
     if psc:

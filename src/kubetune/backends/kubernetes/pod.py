@@ -6,6 +6,7 @@ build containers themselves, so the three renders agree on paths, env and comman
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 
@@ -395,7 +396,7 @@ def pod_scheduling(job: TuneJob) -> dict:
     if k.tolerations:
         spec["tolerations"] = [_toleration(t) for t in k.tolerations]
     if k.affinity:
-        spec["affinity"] = k.affinity
+        spec["affinity"] = copy.deepcopy(k.affinity)  # the rendered object never shares the spec's own dicts
     if k.priority_class:
         spec["priorityClassName"] = k.priority_class
     return spec
