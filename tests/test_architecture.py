@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "constants", "paths", "_version", "redact", "ranks"),
     ("spec", "presets", "events"),
     ("storage",),
-    ("data", "training", "preflight", "distributed"),  # distributed: rank helpers the training loop uses, and the launcher
+    ("data", "training", "preflight", "distributed", "preemption"),  # distributed: rank helpers the training loop uses, and the launcher
     ("worker", "launch"),
     ("backends",),
     ("client", "sweep", "serve"),

@@ -90,7 +90,9 @@ def world_size() -> int:
 
 def under_torchrun() -> bool:
     """True in a worker that torchrun (or :func:`launch`) started."""
-    return _ENV_TORCHRUN in os.environ
+    from .ranks import under_torchrun as _under
+
+    return _under()
 
 
 def launcher_records_state() -> bool:

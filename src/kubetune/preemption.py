@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from . import constants as C
-from .distributed import under_torchrun, world_size
+from .ranks import under_torchrun, world_size
 
 __all__ = ["Preempted", "arm", "disarm", "request", "in_progress", "agreed", "seconds_left", "sigterm_kind", "request_cancel"]
 

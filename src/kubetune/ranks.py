@@ -47,3 +47,8 @@ def is_main_process() -> bool:
 def has_rank() -> bool:
     """Whether a launcher set ``RANK`` for this process (false for a stage that must start torchrun itself)."""
     return C.ENV_RANK in os.environ
+
+
+def under_torchrun() -> bool:
+    """True in a process that torchrun (or kubetune's launcher) started: it sets ``TORCHELASTIC_RUN_ID``."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
