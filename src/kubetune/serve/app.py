@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException
 
 from ..data.templates import unrendered_tool_name
 from .admission import Admission, Limits, Ticket
-from .engine import EngineOutput, EngineRequest, LoadedModels, SamplingParams, load_engine
+from .engine import EngineOutput, EngineRequest, SamplingParams
+from .loading import LoadedModels, load_engine
 from .metrics import ServeMetrics
 from .options import ServeOptions
 from .protocol import (
