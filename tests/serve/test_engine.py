@@ -7,8 +7,10 @@ import time
 
 import pytest
 
-from kubetune.serve.engine import EngineRequest, SamplingParams, _find_stop, _holdback, load_engine
+from kubetune.serve.engine import EngineRequest, SamplingParams
+from kubetune.serve.loading import load_engine
 from kubetune.serve.options import ServeOptions
+from kubetune.serve.sampling import _find_stop, _holdback
 from kubetune.serve.sources import resolve_sources
 
 

@@ -85,7 +85,7 @@ def tool_server(tiny_model, artifacts):
 
     from kubetune.data.templates import CHAT_TEMPLATES
     from kubetune.serve.app import create_app
-    from kubetune.serve.engine import LoadedModels
+    from kubetune.serve.loading import LoadedModels
     from kubetune.serve.options import ServeOptions
     from kubetune.serve.sources import resolve_sources
 

@@ -35,7 +35,7 @@ _LAZY = {
     "resolve_sources": "sources",
     "create_app": "app",
     "run_server": "app",
-    "load_engine": "engine",
+    "load_engine": "loading",
     "vllm_command": "vllm",
     "render_serve": "deploy",
     "RemoteChat": "chat",

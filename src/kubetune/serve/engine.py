@@ -9,15 +9,10 @@ forward, ``adapter_names``). Sampling is per request: greedy, or temperature/top
 generator, so a seeded request gives the same text alone or in a crowd.
 
 The batch is shared fairly between API requests (a ``group``: the n choices and prompts of one request),
-not handed out in arrival order, so one request with many long sequences cannot starve the others:
-
-- a free row goes to the waiting group with the fewest rows in the batch (ties: the one served longest ago);
-- when the batch is full, a row of a group holding at least two rows more than a waiting group is
-  preempted for it at once, and a waiting group holding no row at all preempts a row that has run
-  ``SERVE_PREEMPT_MIN_STEPS`` steps since it joined (time slices when there are more groups than rows);
-- a preempted row keeps its tokens, text and sampler and goes back to the front of its group; when it
-  returns, its prompt and the tokens it already generated are prefilled again (its KV cache was dropped),
-  and it continues exactly where it stopped.
+not handed out in arrival order: :mod:`kubetune.serve.scheduling` decides which waiting rows join the batch
+and which rows are preempted for them; a preempted row continues exactly where it stopped. The batch's
+tensors and KV cache are :mod:`kubetune.serve.kvcache`'s, and how a token is sampled and how much text may
+be sent yet are :mod:`kubetune.serve.sampling`'s.
 
 Outputs go back through each request's ``on_output`` callback, called on the engine thread with text
 deltas that never split a UTF-8 character or leak the beginning of a stop string.
@@ -30,13 +25,16 @@ import queue
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import constants as C
+from .kvcache import _Batch
+from .sampling import _find_stop, _holdback, _sample
+from .scheduling import _Group, _take_turns
 
-__all__ = ["SamplingParams", "EngineRequest", "EngineOutput", "TransformersEngine", "load_engine", "LoadedModels"]
+__all__ = ["SamplingParams", "EngineRequest", "EngineOutput", "TransformersEngine"]
 
 log = logging.getLogger("kubetune.serve")
 
@@ -266,32 +264,7 @@ class TransformersEngine:
     def _schedule(self, batch: "_Batch | None") -> "_Batch | None":
         """Give free rows, and rows taken from over-served groups, to waiting groups; prefill the newcomers."""
         rows = batch.rows if batch else []
-        held = Counter(r.group for r in rows)
-        room = self.max_batch_size - len(rows)
-        evict: list[int] = []
-        admit: list[_Row] = []
-        prefill = 0
-        lost: set[_Group] = set()  # groups that lost a row in this round wait for the next one
-        while prefill < C.SERVE_PREFILL_TOKENS_PER_STEP or not admit:
-            group = self._next_group(held, lost)
-            if group is None:
-                break
-            if room == 0:
-                victim = self._victim(rows, held, group, evict)
-                if victim is None:
-                    break
-                evict.append(victim)
-                held[rows[victim].group] -= 1
-                lost.add(rows[victim].group)
-                room += 1
-            row = group.waiting.popleft()
-            if not group.waiting:
-                del self._groups[group.key]
-            group.served = self._step
-            held[group] += 1
-            room -= 1
-            prefill += row.length
-            admit.append(row)
+        evict, admit = _take_turns(self._groups, rows, max_batch_size=self.max_batch_size, step=self._step)
         if evict:
             gone = set(evict)
             assert batch is not None
@@ -321,34 +294,6 @@ class TransformersEngine:
                 r.fail(f"{type(e).__name__}: {e}")
             return batch if batch is not None and batch.rows else None
 
-    def _next_group(self, held: Counter, lost: set) -> "_Group | None":
-        """The waiting group to serve next: fewest rows in the batch, then served longest ago, then oldest."""
-        best = None
-        for g in self._groups.values():
-            if g in lost:
-                continue
-            rank = (held[g], g.served, g.order)
-            if best is None or rank < best[0]:
-                best = (rank, g)
-        return best[1] if best else None
-
-    def _victim(self, rows: list["_Row"], held: Counter, group: "_Group", evicted: list[int]) -> int | None:
-        """The batch row to preempt for ``group`` (None: it waits): from the group holding most rows, the row that
-        has run longest since it joined; only if that group holds two rows more, or ``group`` holds none and the
-        row has had its time slice."""
-        best = None
-        mine = held[group]
-        for i, r in enumerate(rows):
-            if r.group is group or i in evicted:
-                continue
-            theirs = held[r.group]
-            if not (theirs >= mine + 2 or (mine == 0 and r.ran >= C.SERVE_PREEMPT_MIN_STEPS)):
-                continue
-            rank = (theirs, r.ran)
-            if best is None or rank > best[0]:
-                best = (rank, i)
-        return best[1] if best else None
-
     def _requeue(self, row: "_Row") -> None:
         """A preempted row waits again, first in its group; it keeps its tokens and its sampler."""
         self.preempted_count += 1
@@ -376,7 +321,7 @@ class TransformersEngine:
         except Exception as e:  # nothing was delivered yet: the rows can be tried again
             raise _PrefillError() from e
         fresh = _Batch(rows=rows, cache=cache, mask=mask.to(self.device), next_pos=positions[:, -1].to(self.device) + 1)
-        tokens = self._sample(logits[:, -1], rows)
+        tokens = _sample(logits[:, -1], rows)
         keep = [i for i, (r, t) in enumerate(zip(rows, tokens)) if not r.push(t)]
         fresh = fresh.select(keep) if len(keep) < len(rows) else fresh
         if batch is None or not batch.rows:
@@ -400,7 +345,7 @@ class TransformersEngine:
         self._step += 1
         for r in batch.rows:
             r.ran += 1
-        tokens = self._sample(logits[:, -1], batch.rows)
+        tokens = _sample(logits[:, -1], batch.rows)
         keep = [i for i, (r, t) in enumerate(zip(batch.rows, tokens)) if not r.push(t)]
         if len(keep) < len(batch.rows):
             batch = batch.select(keep)
@@ -450,45 +395,10 @@ class TransformersEngine:
             self.model.set_adapter(name)
         return contextlib.nullcontext()
 
-    def _sample(self, logits, rows: list["_Row"]) -> list[int]:
-        torch = self._torch
-        logits = logits.float()
-        tokens = logits.argmax(dim=-1).tolist()
-        for i, r in enumerate(rows):
-            p = r.req.params
-            if p.temperature <= 0:
-                continue
-            scores = (logits[i] - logits[i].max()) / p.temperature  # the best token at 0: a tiny temperature cannot overflow
-            if p.top_p < 1.0:
-                sorted_scores, order = torch.sort(scores, descending=True)
-                probs = torch.softmax(sorted_scores, dim=-1)
-                drop = probs.cumsum(-1) - probs > p.top_p  # keep the smallest set reaching top_p (at least one)
-                scores = scores.clone()
-                scores[order[drop]] = float("-inf")
-            probs = torch.softmax(scores, dim=-1).cpu()
-            try:
-                tokens[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
-            except RuntimeError:  # no valid distribution (non-finite logits): this row decodes greedily, the batch goes on
-                pass
-        return tokens
-
 
 # --- per-request state ---------------------------------------------------------------------------
 class _PrefillError(Exception):
     """The forward pass of a prefill failed (the cause is chained); nothing was delivered to its rows yet."""
-
-
-class _Group:
-    """The rows of one API request waiting for a place in the batch, and when it last got or lost one."""
-
-    _counter = 0
-
-    def __init__(self, key: Any, *, served: int) -> None:
-        self.key = key
-        self.waiting: deque[_Row] = deque()
-        self.served = served  # the step at which it last got or lost a row (round-robin order)
-        _Group._counter += 1
-        self.order = _Group._counter  # arrival order breaks the remaining ties
 
 
 class _Row:
@@ -562,217 +472,3 @@ class _Row:
 
     def fail(self, message: str) -> None:
         self.req.on_output(EngineOutput("", "error", len(self.tokens), error=message))
-
-
-def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
-    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
-    return min(hits) if hits else None
-
-
-def _holdback(text: str, stops: tuple[str, ...]) -> int:
-    """Characters at the end of ``text`` not to send yet: a partial UTF-8 character or a stop string's start."""
-    n = 0
-    while n < min(3, len(text)) and text[len(text) - 1 - n] == "\ufffd":
-        n += 1
-    if n:
-        return n
-    best = 0
-    for s in stops:
-        if len(s) < 2:
-            continue
-        tail = text[-(len(s) - 1) :]  # the longest end of the text that can still be a stop's beginning
-        i = tail.find(s[0])
-        while i >= 0 and len(tail) - i > best:  # the first match is the longest
-            if s.startswith(tail[i:]):
-                best = len(tail) - i
-                break
-            i = tail.find(s[0], i + 1)
-    return best
-
-
-# --- the batch and its KV cache --------------------------------------------------------------------
-@dataclass
-class _Batch:
-    """Running rows, their left-padded attention mask, next positions, and their KV cache."""
-
-    rows: list[_Row]
-    cache: Any  # a transformers DynamicCache: per layer, keys and values of shape (batch, heads, length, dim)
-    mask: Any  # (batch, length): 1 for real tokens
-    next_pos: Any  # (batch,): position id of each row's next token
-
-    def select(self, keep: list[int]) -> "_Batch":
-        """Only the rows at ``keep``; columns that are padding in every remaining row are dropped."""
-        import torch
-
-        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        mask = self.mask.index_select(0, idx)
-        rows = [self.rows[i] for i in keep]
-        if not rows:
-            return _Batch(rows=[], cache=None, mask=mask, next_pos=self.next_pos[:0])
-        first = int(mask.any(dim=0).int().argmax())  # first column some row still uses
-        cache = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in _layers(self.cache)]
-        return _Batch(rows=rows, cache=_cache_from(cache), mask=mask[:, first:], next_pos=self.next_pos.index_select(0, idx))
-
-    def join(self, other: "_Batch") -> "_Batch":
-        """This batch and ``other`` as one: the shorter cache is left-padded to the longer one."""
-        import torch
-
-        a, b = self.mask.shape[1], other.mask.shape[1]
-        width = max(a, b)
-
-        def pad(t, n: int):
-            if n == 0:
-                return t
-            shape = list(t.shape)
-            shape[-2 if t.dim() == 4 else -1] = n
-            return torch.cat([t.new_zeros(shape), t], dim=-2 if t.dim() == 4 else -1)
-
-        cache = [
-            (torch.cat([pad(k1, width - a), pad(k2, width - b)]), torch.cat([pad(v1, width - a), pad(v2, width - b)]))
-            for (k1, v1), (k2, v2) in zip(_layers(self.cache), _layers(other.cache))
-        ]
-        mask = torch.cat([pad(self.mask, width - a), pad(other.mask, width - b)])
-        return _Batch(rows=self.rows + other.rows, cache=_cache_from(cache), mask=mask, next_pos=torch.cat([self.next_pos, other.next_pos]))
-
-
-def _layers(cache: Any) -> list[tuple[Any, Any]]:
-    """A transformers cache as (keys, values) per layer."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return [(k, v) for k, v in zip(cache.key_cache, cache.value_cache)]  # transformers < 4.56
-
-
-def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(layers)
-
-
-# --- loading ---------------------------------------------------------------------------------------
-@dataclass
-class LoadedModels:
-    """What the server needs from a loaded plan: the engine, the tokenizer, chat templates per model id."""
-
-    engine: TransformersEngine
-    tokenizer: Any
-    chat_tokenizers: dict[str, Any]  # model id -> tokenizer whose chat template renders its prompts
-    context_length: int
-    default_temperature: float
-    default_top_p: float
-
-
-def load_engine(plan: Any, options: Any, *, on_step: Callable[[int], None] | None = None) -> LoadedModels:
-    """Load the plan's model (and its adapters, as one PEFT model) and build a started-later engine.
-
-    Args:
-        plan: a :class:`~kubetune.serve.sources.ServePlan`.
-        options: the :class:`~kubetune.serve.options.ServeOptions`.
-        on_step: metrics hook called with the rows of every forward pass.
-
-    Raises:
-        SourceError: the model or an adapter cannot be loaded.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from ..errors import SourceError
-
-    hf_logging.disable_progress_bar()
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if options.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    else:
-        dtype = getattr(torch, options.dtype)
-    trust = plan.trust_remote_code
-    try:
-        model = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=dtype, trust_remote_code=trust)
-        tokenizer = AutoTokenizer.from_pretrained(plan.model_dir, trust_remote_code=trust)
-    except (OSError, ValueError) as e:
-        raise SourceError(f"{plan.source}: cannot load the model from {plan.model_dir}: {e}") from None
-    chat_tokenizers = {plan.model_name: tokenizer}
-    if plan.adapters:
-        from peft import PeftModel
-
-        first, *rest = plan.adapters
-        try:
-            model = PeftModel.from_pretrained(model, first.path, adapter_name=first.name)
-            for a in rest:
-                model.load_adapter(a.path, adapter_name=a.name)
-        except (OSError, ValueError, RuntimeError, KeyError) as e:
-            raise SourceError(f"cannot load adapter onto {plan.model_name}: {e}", hint="an adapter must be trained on the served base model") from None
-        for a in plan.adapters:
-            chat_tokenizers[a.name] = _adapter_tokenizer(a.path, tokenizer, trust)
-        _share_base_modules(model, [a.name for a in plan.adapters])
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = model.to(device).eval()
-    gen = getattr(model, "generation_config", None)
-    eos = _eos_ids(tokenizer, gen)
-    context = int(getattr(_base_config(model), "max_position_embeddings", 0) or 0) or 2048
-    if options.max_model_len:
-        context = min(context, options.max_model_len)
-    sampled = bool(getattr(gen, "do_sample", False))
-    engine = TransformersEngine(model, tokenizer, eos_token_ids=eos, max_batch_size=options.max_batch_size, peft=bool(plan.adapters), on_step=on_step)
-    return LoadedModels(
-        engine=engine,
-        tokenizer=tokenizer,
-        chat_tokenizers=chat_tokenizers,
-        context_length=context,
-        default_temperature=float(getattr(gen, "temperature", 1.0) or 1.0) if sampled else 0.0,
-        default_top_p=float(getattr(gen, "top_p", 1.0) or 1.0) if sampled else 1.0,
-    )
-
-
-def _share_base_modules(model: Any, names: list[str]) -> None:
-    """Let adapters without a module another adapter saved (modules_to_save) share mixed-adapter batches.
-
-    PEFT's mixed-adapter forward looks every row's adapter up in each ModulesToSaveWrapper and fails
-    (KeyError) for an adapter that did not save that module, e.g. a plain LoRA adapter next to one trained
-    with ``modules_to_save: [embed_tokens]``. Such an adapter computes that module with the base weights
-    (what a forward with only that adapter active does), so the base module itself is registered under the
-    adapter's name: no copy, and forwards with one adapter are unchanged.
-    """
-    try:
-        from peft.utils.other import ModulesToSaveWrapper
-    except ImportError:  # a peft without it has no such modules
-        return
-    wrappers = [m for m in model.modules() if isinstance(m, ModulesToSaveWrapper)]
-    for w in wrappers:
-        for name in names:
-            if name not in w.modules_to_save:
-                w.modules_to_save[name] = w.original_module
-
-
-def _base_config(model: Any) -> Any:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.config
-
-
-def _adapter_tokenizer(path, fallback: Any, trust: bool) -> Any:
-    """kubetune saves the tokenizer (with the chat template used in training) next to each adapter."""
-    if not (path / "tokenizer_config.json").is_file():
-        return fallback
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-    except (OSError, ValueError):
-        return fallback
-
-
-# End-of-turn markers of common chat templates: a reply ends at any of them, even when the model's
-# config names only the end-of-text token as EOS.
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|end_of_text|>")
-
-
-def _eos_ids(tokenizer: Any, gen: Any) -> set[int]:
-    ids: set[int] = set()
-    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
-    return ids

@@ -1,16 +1,24 @@
-"""Load a trained result (run directory, model directory or model URI) and generate chat replies."""
+"""Loading models to talk to: a trained result to chat with in process, and the server's engine.
+
+- :func:`load_chat_model` loads a run directory, a model directory or a model URI as a :class:`ChatModel`
+  that generates chat replies (``kubetune chat RUN``).
+- :func:`load_engine` loads a :class:`~kubetune.serve.sources.ServePlan`'s model and its adapters (as one
+  PEFT model), finds its end-of-turn tokens, context length and sampling defaults, and builds the
+  :class:`~kubetune.serve.engine.TransformersEngine` that ``kubetune serve`` runs (:class:`LoadedModels`).
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .. import constants as C
 from ..errors import SourceError
+from .engine import TransformersEngine
 
-__all__ = ["ChatModel", "load_chat_model"]
+__all__ = ["ChatModel", "load_chat_model", "LoadedModels", "load_engine"]
 
 
 @dataclass
@@ -97,3 +105,131 @@ def _to_device(model):
     import torch
 
     return model.to("cuda") if torch.cuda.is_available() else model
+
+
+# --- the server's engine -------------------------------------------------------------------------
+@dataclass
+class LoadedModels:
+    """What the server needs from a loaded plan: the engine, the tokenizer, chat templates per model id."""
+
+    engine: TransformersEngine
+    tokenizer: Any
+    chat_tokenizers: dict[str, Any]  # model id -> tokenizer whose chat template renders its prompts
+    context_length: int
+    default_temperature: float
+    default_top_p: float
+
+
+def load_engine(plan: Any, options: Any, *, on_step: Callable[[int], None] | None = None) -> LoadedModels:
+    """Load the plan's model (and its adapters, as one PEFT model) and build a started-later engine.
+
+    Args:
+        plan: a :class:`~kubetune.serve.sources.ServePlan`.
+        options: the :class:`~kubetune.serve.options.ServeOptions`.
+        on_step: metrics hook called with the rows of every forward pass.
+
+    Raises:
+        SourceError: the model or an adapter cannot be loaded.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if options.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dtype = getattr(torch, options.dtype)
+    trust = plan.trust_remote_code
+    try:
+        model = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=dtype, trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(plan.model_dir, trust_remote_code=trust)
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{plan.source}: cannot load the model from {plan.model_dir}: {e}") from None
+    chat_tokenizers = {plan.model_name: tokenizer}
+    if plan.adapters:
+        from peft import PeftModel
+
+        first, *rest = plan.adapters
+        try:
+            model = PeftModel.from_pretrained(model, first.path, adapter_name=first.name)
+            for a in rest:
+                model.load_adapter(a.path, adapter_name=a.name)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            raise SourceError(f"cannot load adapter onto {plan.model_name}: {e}", hint="an adapter must be trained on the served base model") from None
+        for a in plan.adapters:
+            chat_tokenizers[a.name] = _adapter_tokenizer(a.path, tokenizer, trust)
+        _share_base_modules(model, [a.name for a in plan.adapters])
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = model.to(device).eval()
+    gen = getattr(model, "generation_config", None)
+    eos = _eos_ids(tokenizer, gen)
+    context = int(getattr(_base_config(model), "max_position_embeddings", 0) or 0) or 2048
+    if options.max_model_len:
+        context = min(context, options.max_model_len)
+    sampled = bool(getattr(gen, "do_sample", False))
+    engine = TransformersEngine(model, tokenizer, eos_token_ids=eos, max_batch_size=options.max_batch_size, peft=bool(plan.adapters), on_step=on_step)
+    return LoadedModels(
+        engine=engine,
+        tokenizer=tokenizer,
+        chat_tokenizers=chat_tokenizers,
+        context_length=context,
+        default_temperature=float(getattr(gen, "temperature", 1.0) or 1.0) if sampled else 0.0,
+        default_top_p=float(getattr(gen, "top_p", 1.0) or 1.0) if sampled else 1.0,
+    )
+
+
+def _share_base_modules(model: Any, names: list[str]) -> None:
+    """Let adapters without a module another adapter saved (modules_to_save) share mixed-adapter batches.
+
+    PEFT's mixed-adapter forward looks every row's adapter up in each ModulesToSaveWrapper and fails
+    (KeyError) for an adapter that did not save that module, e.g. a plain LoRA adapter next to one trained
+    with ``modules_to_save: [embed_tokens]``. Such an adapter computes that module with the base weights
+    (what a forward with only that adapter active does), so the base module itself is registered under the
+    adapter's name: no copy, and forwards with one adapter are unchanged.
+    """
+    try:
+        from peft.utils.other import ModulesToSaveWrapper
+    except ImportError:  # a peft without it has no such modules
+        return
+    wrappers = [m for m in model.modules() if isinstance(m, ModulesToSaveWrapper)]
+    for w in wrappers:
+        for name in names:
+            if name not in w.modules_to_save:
+                w.modules_to_save[name] = w.original_module
+
+
+def _base_config(model: Any) -> Any:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.config
+
+
+def _adapter_tokenizer(path, fallback: Any, trust: bool) -> Any:
+    """kubetune saves the tokenizer (with the chat template used in training) next to each adapter."""
+    if not (path / "tokenizer_config.json").is_file():
+        return fallback
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    except (OSError, ValueError):
+        return fallback
+
+
+# End-of-turn markers of common chat templates: a reply ends at any of them, even when the model's
+# config names only the end-of-text token as EOS.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|end_of_text|>")
+
+
+def _eos_ids(tokenizer: Any, gen: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
+    return ids
