@@ -130,6 +130,6 @@ def test_an_unknown_event_type_is_refused():
 
 
 def test_job_states_are_the_state_names():
-    assert [s.value for s in C.JobState] == [C.STATE_PENDING, C.STATE_RUNNING, C.STATE_SUCCEEDED, C.STATE_FAILED, C.STATE_CANCELLED]
+    assert [s.value for s in C.JobState] == [C.STATE_PENDING, C.STATE_RUNNING, C.STATE_SUCCEEDED, C.STATE_FAILED, C.STATE_CANCELLED, C.STATE_PREEMPTED]
     assert {s for s in C.JobState if s.terminal} == C.TERMINAL_STATES
     assert f"{C.JobState.FAILED}" == "failed" and json.dumps(C.JobState.FAILED) == '"failed"'

@@ -23,11 +23,11 @@ from .conftest import events, run_worker_subprocess, small, status, worker_comma
 SAVE_STEPS = 10
 
 
-def _long_spec(tiny_job, max_steps: int = 60):
+def _long_spec(tiny_job, max_steps: int = 60, save_steps: int = SAVE_STEPS):
     return small(
         tiny_job,
         dataset={"eval_split": 0.0},
-        training={"max_steps": max_steps, "save_steps": SAVE_STEPS, "batch_size": 2, "max_seq_length": 48},
+        training={"max_steps": max_steps, "save_steps": save_steps, "batch_size": 2, "max_seq_length": 48},
     )
 
 
@@ -120,7 +120,8 @@ def test_kubetune_run_killed_in_the_foreground_stops_its_worker_after_a_checkpoi
 
 def test_kubetune_cancel_stays_a_cancel_and_saves_nothing(tiny_job):
     client = Client()
-    ref = client.submit(_long_spec(tiny_job, max_steps=5000))
+    # no periodic save within reach: any checkpoint found afterwards was written because of the cancel
+    ref = client.submit(_long_spec(tiny_job, max_steps=5000, save_steps=4000))
     run_dir = ref.run_dir
     _wait(lambda: client.status(ref).step >= 2, 240, "training steps")
     client.cancel(ref)

@@ -99,15 +99,18 @@ def test_kill_9_mid_run_then_rerun_matches_an_uninterrupted_run(tiny_job, tmp_pa
     assert not incomplete_checkpoints(run_dir / C.CHECKPOINTS_DIR)
 
 
-def test_rerun_of_a_finished_run_does_not_train_again(tiny_job, run_inprocess):
+def test_rerun_of_a_finished_run_does_not_train_again(tiny_job, run_inprocess, capsys):
     spec = small(tiny_job, training={"max_steps": 2, "save_steps": 2})
     rc, run_dir, first = run_inprocess(spec)
     assert rc == 0
+    kept = (run_dir / C.RESULT_FILE).read_bytes()
+    seen = len(events(run_dir))
     rc, _, second = run_inprocess(spec)
     assert rc == 0
-    assert second["global_step"] == 2 and second["resumed_at_step"] == 2
-    assert second["losses"] == first["losses"] and second["eval_loss"] == pytest.approx(first["eval_loss"], rel=1e-6)
-    assert any("already reached the planned steps" in e.get("message", "") for e in events(run_dir))
+    assert "already holds a finished run of this spec: nothing to do" in capsys.readouterr().out
+    assert (run_dir / C.RESULT_FILE).read_bytes() == kept and second == first  # the result is the first run's
+    assert len(events(run_dir)) == seen  # nothing ran: no new events, no new checkpoints
+    assert [p.name for p in complete_checkpoints(run_dir / C.CHECKPOINTS_DIR)] == ["checkpoint-2"]
 
 
 def test_resume_never_starts_over_and_a_path_must_be_complete(tiny_job, tmp_path):
@@ -243,11 +246,15 @@ def test_the_quickstart_run_twice_recognises_and_resumes_its_own_checkpoints(tmp
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "different model or method" not in second.stdout + second.stderr
     again = json.loads((out / C.RESULT_FILE).read_text())
-    assert again["resumed_at_step"] == 2 and again["global_step"] == 2  # recognised: not trained again
+    assert again["global_step"] == 2 and again["resumed_at_step"] is None  # recognised: not trained again
+    assert "nothing to do" in second.stdout + second.stderr
 
+    # the README's SDK snippet, continuing from the quickstart's own checkpoint in a new run directory
     client = kubetune.Client("local")  # README: client.submit(kubetune.load_spec("examples/quickstart.yaml", [...]))
-    ref = client.submit(kubetune.load_spec(quickstart, [*short, "training.max_steps=3"]))
+    ckpt = out / C.CHECKPOINTS_DIR / "checkpoint-2"
+    more = tmp_path / "more"
+    ref = client.submit(kubetune.load_spec(quickstart, [f"output.dir={more}", f"training.resume={ckpt}", "training.max_steps=3"]))
     st = client.wait(ref, timeout=600)
     assert st.state == C.STATE_SUCCEEDED, st.reason
-    resumed = json.loads((out / C.RESULT_FILE).read_text())
+    resumed = json.loads((more / C.RESULT_FILE).read_text())
     assert resumed["resumed_at_step"] == 2 and resumed["global_step"] == 3  # it continued from step 2
