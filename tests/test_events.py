@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from kubetune import constants as C
 import pytest
@@ -133,3 +134,42 @@ def test_job_states_are_the_state_names():
     assert [s.value for s in C.JobState] == [C.STATE_PENDING, C.STATE_RUNNING, C.STATE_SUCCEEDED, C.STATE_FAILED, C.STATE_CANCELLED, C.STATE_PREEMPTED]
     assert {s for s in C.JobState if s.terminal} == C.TERMINAL_STATES
     assert f"{C.JobState.FAILED}" == "failed" and json.dumps(C.JobState.FAILED) == '"failed"'
+
+
+def test_event_types_are_named_by_the_enum_everywhere():
+    """Every event kubetune writes names its type through EventType (a typo would make readers miss it)."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "kubetune"
+    literals = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "make_event":
+                if node.args and isinstance(node.args[0], ast.Constant):
+                    literals.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert not literals, literals
+
+
+def test_the_run_lifecycle_is_recorded_the_same_way_by_every_writer(tmp_path):
+    """submitted -> start -> stage -> succeed, and fail: what `kubetune status`/`list` and the dashboard read."""
+    run = RunDir(tmp_path / "run")
+    run.submitted("j-1", name="demo", backend="local", spec_text="name: demo\n", host=None)
+    st = run.read_status()
+    assert st.state == C.STATE_PENDING and st.job_id == "j-1" and st.backend == "local" and st.name == "demo"
+    assert run.spec_file.read_text() == "name: demo\n" and "host" not in st.extra  # None extras are left out
+    run.start(worker_pid=1234)
+    run.stage(C.STAGE_TRAIN, "training")
+    st = run.read_status()
+    assert st.state == C.STATE_RUNNING and st.stage == C.STAGE_TRAIN and st.extra["worker_pid"] == 1234
+    run.succeed()
+    assert run.read_status().state == C.STATE_SUCCEEDED and run.is_done()
+    assert [e["type"] for e in run.read_events()] == ["state", "state", "stage", "state", "done"]
+
+    failed = RunDir(tmp_path / "failed")
+    failed.start()
+    failed.fail("model.source: no such file", 2)
+    failed.fail("a later, worse reason", 1, unless_ended=True)  # the first reason recorded stays
+    st = failed.read_status()
+    assert st.state == C.STATE_FAILED and st.reason == "model.source: no such file" and st.extra["exit_code"] == 2
+    assert [e["message"] for e in failed.read_events() if e["type"] == "error"] == ["model.source: no such file"]
+    assert not failed.is_done()

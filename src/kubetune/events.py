@@ -344,6 +344,58 @@ class RunDir:
         """Write ``DONE``: the job succeeded and every file above is complete."""
         _atomic_write(self.done_file, f"{_now()}\n")
 
+    # the lifecycle: every writer (worker, launcher, backends, KFP stages) records a run through these --------
+    def start(self, state: str = C.STATE_RUNNING, **extra: Any) -> None:
+        """Record that the run began: ``pending`` when a backend accepted it, ``running`` when a worker took it.
+
+        ``extra`` (job id, pids, where the run lives) goes into the status.
+        """
+        self.init()
+        self.set_state(state, **extra)
+
+    def submitted(self, job_id: str, *, name: str, backend: str, spec_text: str, **extra: Any) -> None:
+        """Record that a backend accepted a job: its resolved spec, a fresh status (no earlier run's progress) and
+        the ``pending`` state that marks where this submission's events begin. An earlier ``DONE``/result.json stay
+        until the new run has proven it can start."""
+        self.init()
+        self.spec_file.write_text(spec_text, encoding="utf-8")
+        self.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=name, backend=backend, run_dir=str(self.path),
+                                    created_at=time.time()))
+        self.start(C.STATE_PENDING, job_id=job_id, **{k: v for k, v in extra.items() if v is not None})
+
+    def stage(self, stage: str, message: str, *, say: bool = False, **data: Any) -> dict:
+        """Record progress within a stage (``fetch``, ``prepare``, ``train``, ``publish``); ``say`` also prints it."""
+        if say:
+            print(f"[kubetune] {message}", flush=True)
+        return self.emit(make_event(EventType.STAGE, message, stage=stage, **data))
+
+    def fail(self, reason: str, exit_code: int | None = None, *, state: bool = True, unless_ended: bool = False,
+             **extra: Any) -> None:
+        """Record a failure: an ``error`` event and, with ``state``, the ``failed`` state with its exit code.
+
+        Args:
+            reason: what went wrong and what to do about it (the message the user reads).
+            exit_code: the process's exit code (2: a user's mistake, 1: a bug).
+            state: False records only the error event (the launcher records the state of a multi-rank run).
+            unless_ended: do nothing when the run already ended (the first reason recorded is the better one).
+            extra: more fields for the status (``kfp_state``, ``checkpoint``).
+        """
+        if unless_ended:
+            st = self.read_status()
+            if st is not None and st.terminal:
+                return
+        self.emit(make_event(EventType.ERROR, reason))
+        if state:
+            if exit_code is not None:
+                extra["exit_code"] = exit_code
+            self.set_state(C.STATE_FAILED, reason=reason, **extra)
+
+    def succeed(self, message: str = "job succeeded", **extra: Any) -> None:
+        """Record success: the ``succeeded`` state, a ``done`` event, then ``DONE`` (written last)."""
+        self.set_state(C.STATE_SUCCEEDED, **extra)
+        self.emit(make_event(EventType.DONE, message))
+        self.mark_done()
+
     # reading -------------------------------------------------------------------------------
     def read_status(self) -> JobStatus | None:
         """The recorded status; None when there is none or it cannot be read (missing, damaged, unreadable)."""

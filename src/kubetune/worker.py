@@ -26,8 +26,9 @@ from typing import Any
 
 from . import constants as C
 from . import distributed, preemption
+from . import ranks
 from .errors import BackendError, KubetuneError
-from .events import RunDir, RunLock, disk_error_reason, make_event
+from .events import EventType, RunDir, RunLock, disk_error_reason, make_event
 from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 
@@ -46,8 +47,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     same spec has nothing to do (exit 0), another spec is refused (exit 2) unless ``training.resume=never``.
     """
     distributed.follow_launcher()  # a rank never outlives the launcher that started it
-    rank = int(os.environ.get("RANK", "0"))
-    is_main = rank == 0
+    is_main = ranks.is_main_process()
     run = RunDir(run_dir or job.output_dir, echo=os.environ.get(C.ENV_EVENT_STDOUT) == "1")
     handed_down = bool(os.environ.get(C.ENV_RUN_LOCK_FD))  # a local submitter checked the run dir and holds its lock
     lock = None
@@ -64,7 +64,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             lock = _take_lock(run)
             (run.path / C.CANCEL_REQUEST_FILE).unlink(missing_ok=True)  # a cancel of an earlier run is not this one's
             run.spec_file.write_text(dump_spec(job), encoding="utf-8")
-            run.set_state(C.STATE_RUNNING, job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
+            run.start(job_id=job_id, worker_pid=os.getpid(), **distributed.state_extra())
     except KubetuneError as e:  # nothing of this run was recorded: the directory belongs to someone else
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -93,9 +93,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             metrics["data"] = prepared.stats
             metrics["total_seconds"] = round(time.time() - started, 2)
             publish(job, run, inputs, metrics, sync=sync)
-            run.set_state(C.STATE_SUCCEEDED)
-            run.emit(make_event("done", "job succeeded"))
-            run.mark_done()
+            run.succeed()
         return 0
     except Preempted as e:
         if sync is not None:  # the checkpoint's upload to output.uri, within what is left of the grace period
@@ -148,9 +146,8 @@ def _record_failure(run: RunDir, is_main: bool, reason: str, code: int) -> None:
         return
     for attempt in (1, 2):
         try:
-            run.emit(make_event("error", reason))
-            if not distributed.launcher_records_state():  # else the launcher records the first failing rank's error
-                run.set_state(C.STATE_FAILED, reason=reason, exit_code=code)
+            # under the kubetune launcher, the launcher records the first failing rank's error as the state
+            run.fail(reason, code, state=not distributed.launcher_records_state())
             return
         except OSError as e:
             if attempt == 2:
@@ -226,9 +223,10 @@ def _short(value: Any) -> str:
 
 
 def _stage(run: RunDir, is_main: bool, stage: str, message: str) -> None:
-    print(f"[kubetune] {message}", flush=True)
     if is_main:
-        run.emit(make_event("stage", message, stage=stage))
+        run.stage(stage, message, say=True)
+    else:
+        print(f"[kubetune] {message}", flush=True)
 
 
 def _install_signal_handlers(run: RunDir | None, run_path: Path) -> None:
@@ -255,7 +253,7 @@ def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
     print(f"[kubetune] {e}", flush=True)
     if is_main:
         ckpt = str(e.checkpoint) if e.checkpoint else None
-        run.emit(make_event("warning", str(e), path=ckpt, step=e.step, preempted=True))
+        run.emit(make_event(EventType.WARNING, str(e), path=ckpt, step=e.step, preempted=True))
         if not distributed.launcher_records_state():
             run.set_state(C.STATE_PREEMPTED, reason=str(e), exit_code=128 + signal.SIGTERM, checkpoint=ckpt)
     distributed.record_error(str(e), preempted=True)
@@ -286,11 +284,11 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
         tokenizer,
         source=inputs["dataset"],
         eval_source=inputs.get("eval_dataset"),
-        log=(lambda m: run.emit(make_event("stage", m, stage=C.STAGE_PREPARE, **{}))) if run else (lambda m: None),
-        warn=(lambda m: run.emit(make_event("warning", m, stage=C.STAGE_PREPARE))) if run else None,
+        log=(lambda m: run.stage(C.STAGE_PREPARE, m)) if run else (lambda m: None),
+        warn=(lambda m: run.emit(make_event(EventType.WARNING, m, stage=C.STAGE_PREPARE))) if run else None,
     )
     if run is not None:
-        run.emit(make_event("metrics", "data prepared", data=prepared.stats))
+        run.emit(make_event(EventType.METRICS, "data prepared", data=prepared.stats))
     return tokenizer, prepared
 
 
@@ -300,11 +298,11 @@ def publish(job: TuneJob, run: RunDir, inputs: dict, metrics: dict, *, sync: Any
         from .training.merge import merge_run
 
         merge_run(run.path, base_model=inputs["model"], trust_remote_code=job.model.trust_remote_code)
-        run.emit(make_event("stage", "merged adapter into merged/", stage=C.STAGE_PUBLISH))
+        run.stage(C.STAGE_PUBLISH, "merged adapter into merged/")
     run.write_result(metrics)
     if sync is not None:
         sync.publish(run.path)
-        run.emit(make_event("stage", f"published to {job.output.uri}", stage=C.STAGE_PUBLISH))
+        run.stage(C.STAGE_PUBLISH, f"published to {job.output.uri}")
 
 
 def _output_sync(job: TuneJob, run: RunDir, is_main: bool):

@@ -81,10 +81,8 @@ class LocalBackend:
     def _start(self, job: TuneJob, run: RunDir, lock) -> JobRef:
         job_id = new_job_id(job.name)
         env = {**worker_env(job, job_id), C.ENV_RUN_LOCK_FD: str(lock.fd)}  # fails for a too large spec before anything changes
-        run.spec_file.write_text(dump_spec(job), encoding="utf-8")
         (run.path / C.CANCEL_REQUEST_FILE).unlink(missing_ok=True)  # an earlier run's cancel is not this one's
-        run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend=self.name, run_dir=str(run.path), created_at=time.time()))
-        run.set_state(C.STATE_PENDING, job_id=job_id)  # marks where this submission's events begin
+        run.submitted(job_id, name=job.name, backend=self.name, spec_text=dump_spec(job))
         cmd = _worker_command(job, run)
         log = open(run.worker_log, "ab")
         try:
@@ -115,6 +113,7 @@ class LocalBackend:
 
     # -- follow ------------------------------------------------------------------------------
     def status(self, ref: JobRef) -> JobStatus:
+        """The job's status from its run directory; a worker that died without recording its end is marked failed."""
         run = self._run(ref)
         st = run.read_status()
         if st is None:
@@ -136,9 +135,11 @@ class LocalBackend:
         return st
 
     def events(self, ref: JobRef) -> list[dict]:
+        """Every event in the run directory's events.jsonl (earlier submissions' included)."""
         return self._run(ref).read_events()
 
     def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
+        """The worker's log lines; ``follow`` keeps reading until the job ends."""
         run = self._run(ref)
         path = run.worker_log
         pos = 0
@@ -159,6 +160,7 @@ class LocalBackend:
             time.sleep(0.3)
 
     def cancel(self, ref: JobRef) -> None:
+        """Stop the job's worker (its whole process group) and record ``cancelled``; nothing is saved."""
         run = self._run(ref)
         st = run.read_status()
         if st is None or st.terminal:
@@ -202,6 +204,7 @@ class LocalBackend:
         self._reap(pid)
 
     def list(self) -> list[JobRef]:
+        """The jobs this machine's local backend started (newest first), from the jobs index."""
         return [JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d.get("run_dir"), extra={"pid": d.get("pid")})
                 for d in registry_entries(jobs_dir())]
 
@@ -257,7 +260,7 @@ def _record_end(run: RunDir, st: JobStatus, reason: str) -> JobStatus:
     """Record that a job failed without its worker saying so; a run directory that cannot be written any more
     (a full disk, say) still gets the failure reported, only not saved."""
     try:
-        run.set_state(C.STATE_FAILED, reason=reason)
+        run.fail(reason)
         return run.read_status() or st
     except OSError as e:
         st.state, st.reason = C.STATE_FAILED, f"{reason} (not recorded in {run.path}: {disk_error_reason(e, run.path) or e})"

@@ -19,6 +19,7 @@ import typer
 
 from .. import constants as C
 from ..errors import KubetuneError
+from ..events import EventType
 
 app = typer.Typer(
     name="kubetune",
@@ -236,7 +237,7 @@ def _follow(client, ref, out):
     from rich.live import Live
 
     events = client.events(ref)
-    starts = [i for i, ev in enumerate(events) if ev.get("type") == "state" and (ev.get("data") or {}).get("state") == C.STATE_PENDING]
+    starts = [i for i, ev in enumerate(events) if ev.get("type") == EventType.STATE and (ev.get("data") or {}).get("state") == C.STATE_PENDING]
     seen = starts[-1] if starts else 0  # earlier submissions' events stay in the file as history
     interactive = out.is_terminal
     st = client.status(ref)

@@ -25,7 +25,7 @@ from typing import Callable
 
 from .. import constants as C
 from ..errors import TrainError
-from ..events import RunDir, make_event
+from ..events import EventType, RunDir, make_event
 from ..spec import TuneJob
 
 __all__ = [
@@ -242,7 +242,7 @@ def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> P
                 (p / C.CHECKPOINT_COMPLETE).unlink(missing_ok=True)
                 shutil.rmtree(p, ignore_errors=True)
             if old:
-                say(make_event("warning", f"training.resume=never: removed {len(old)} earlier checkpoint(s)", removed=[p.name for p in old]))
+                say(make_event(EventType.WARNING, f"training.resume=never: removed {len(old)} earlier checkpoint(s)", removed=[p.name for p in old]))
         return None
     if mode != "auto":
         path = Path(mode).expanduser()
@@ -258,18 +258,18 @@ def find_resume_checkpoint(job: TuneJob, run: RunDir, *, emit: bool = True) -> P
                 hint="restore its files, choose an earlier checkpoint, or use auto / never",
             )
         _check_fingerprint(job, path, run)
-        say(make_event("checkpoint", f"resuming from {path}", path=str(path), step=checkpoint_step(path), resume=True))
+        say(make_event(EventType.CHECKPOINT, f"resuming from {path}", path=str(path), step=checkpoint_step(path), resume=True))
         return path
     if emit:
         for p in incomplete_checkpoints(ckpts):
-            say(make_event("warning", f"ignoring incomplete checkpoint {p.name} (removed; it was never finished)", path=str(p)))
+            say(make_event(EventType.WARNING, f"ignoring incomplete checkpoint {p.name} (removed; it was never finished)", path=str(p)))
             shutil.rmtree(p, ignore_errors=True)
     complete = complete_checkpoints(ckpts)
     if not complete:
         return None
     newest = _newest_intact(complete, run) if emit else complete[-1]  # other ranks take rank 0's choice
     _check_fingerprint(job, newest, run)
-    say(make_event("checkpoint", f"resuming from {newest.name}", path=str(newest), step=checkpoint_step(newest), resume=True))
+    say(make_event(EventType.CHECKPOINT, f"resuming from {newest.name}", path=str(newest), step=checkpoint_step(newest), resume=True))
     return newest
 
 
@@ -295,7 +295,7 @@ def _newest_intact(complete: list[Path], run: RunDir) -> Path:
         aside = _quarantine(bad)
         run.emit(
             make_event(
-                "warning",
+                EventType.WARNING,
                 f"checkpoint {bad} is damaged ({problem}): moved aside to {aside.name}, resuming from {ckpt.name} instead",
                 path=str(bad), moved_to=str(aside), problem=problem,
             )
@@ -324,11 +324,11 @@ def pull_checkpoint(sync, run: RunDir) -> Path | None:
     """
 
     def rejected(name: str, problem: str) -> None:
-        run.emit(make_event("warning", f"{sync.loc.safe}: remote {name} is damaged ({problem}): not resuming from it", checkpoint=name, problem=problem))
+        run.emit(make_event(EventType.WARNING, f"{sync.loc.safe}: remote {name} is damaged ({problem}): not resuming from it", checkpoint=name, problem=problem))
 
     pulled = sync.pull_latest_checkpoint(run.checkpoints_dir, verify=verify_checkpoint, on_rejected=rejected)
     if pulled is not None:
-        run.emit(make_event("checkpoint", f"pulled {pulled.name} from {sync.loc.safe}", path=str(pulled)))
+        run.emit(make_event(EventType.CHECKPOINT, f"pulled {pulled.name} from {sync.loc.safe}", path=str(pulled)))
     return pulled
 
 

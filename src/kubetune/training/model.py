@@ -19,11 +19,11 @@ LoRA/DoRA adapter weights are kept in fp32 whatever the base dtype (PEFT's autoc
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import ranks
 from ..errors import TrainError
 from ..preflight import check_model_config
 from ..spec import TuneJob
@@ -114,7 +114,7 @@ def load_model(job: TuneJob, model_path: Path, device: dict):
     if job.method.type == "qlora":
         kwargs["quantization_config"] = _bnb_config(prec)
         if device["type"] == "cuda":  # quantize straight onto this process's GPU
-            kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+            kwargs["device_map"] = {"": ranks.local_rank()}
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     if job.training.gradient_checkpointing:
         model.config.use_cache = False  # the cache is useless in training and conflicts with checkpointing

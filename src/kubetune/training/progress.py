@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import distributed, preemption
-from ..events import RunDir, make_event
+from ..events import EventType, RunDir, make_event
 from ..spec import TuneJob
 from .checkpoints import checkpoint_fingerprint, mark_complete, rotate_checkpoints
 
@@ -38,6 +38,7 @@ class Plan:
     eval_steps: int | None  # evaluation interval (None: no evaluation data)
 
     def describe(self, job: TuneJob) -> str:
+        """One line: how many steps, from what (max_steps, or epochs x samples / global batch), and the batch shape."""
         t = job.training
         how = f"training.max_steps={t.max_steps}" if t.max_steps else f"{t.epochs:g} epochs x ceil({self.samples} / {self.global_batch})"
         return f"{self.total_steps} steps ({how}); global batch {self.global_batch} = {t.batch_size} x {job.resources.world_size} process(es) x {job.accumulation_steps} accumulation"
@@ -101,6 +102,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
 
     # -- the run starts ------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kw):
+        """Start the clocks and token counters (a resumed run counts from its checkpoint's step)."""
         self.t0 = time.time()
         self.step0 = state.global_step
         self.tokens_at_start = int(state.num_input_tokens_seen or 0)
@@ -108,12 +110,13 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         if not self.emit:
             return
         if state.max_steps != self.plan.total_steps:
-            self.run.emit(make_event("warning", f"the trainer plans {state.max_steps} steps, kubetune planned {self.plan.total_steps}"))
+            self.run.emit(make_event(EventType.WARNING, f"the trainer plans {state.max_steps} steps, kubetune planned {self.plan.total_steps}"))
         if state.global_step:
             print(f"[kubetune] continuing at step {state.global_step}/{state.max_steps}", flush=True)
 
     # -- preemption ----------------------------------------------------------------------------
     def on_step_end(self, args, state, control, **kw):
+        """When every rank agreed on a preemption (SIGTERM), save a checkpoint now and stop training."""
         if self.preempted_at is not None or not preemption.agreed():  # every rank asks at every step end
             return
         self.preempted_at = state.global_step
@@ -122,16 +125,18 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         control.should_evaluate = False  # the grace period is for saving
         if self.emit:
             msg = f"preempted (SIGTERM): saving checkpoint-{state.global_step} at this step boundary, then stopping"
-            self.run.emit(make_event("warning", msg, step=state.global_step, preempted=True))
+            self.run.emit(make_event(EventType.WARNING, msg, step=state.global_step, preempted=True))
             print(f"[kubetune] {msg}", flush=True)
 
     def on_train_end(self, args, state, control, **kw):
+        """Note a preemption that arrived after the last step, and stop deferring SIGTERM."""
         if self.preempted_at is None and preemption.agreed():  # after the last step end: nothing newer to save
             self.preempted_at = state.global_step
         preemption.disarm()
 
     # -- every logging step --------------------------------------------------------------------
     def on_log(self, args, state, control, logs=None, **kw):
+        """Emit a ``metrics`` event for a training log: step/total, loss, learning rate, tokens/s and ETA."""
         logs = logs or {}
         if "loss" not in logs:
             return
@@ -158,7 +163,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             peak_memory_mb=self.peak_memory_mb,
         )
         if self.emit:
-            self.run.emit(make_event("metrics", f"step {step}/{total} loss={loss:.4f}", **rec))
+            self.run.emit(make_event(EventType.METRICS, f"step {step}/{total} loss={loss:.4f}", **rec))
             print(
                 f"[kubetune] step {step}/{total} loss={loss:.4f} lr={rec['learning_rate'] or 0:.3g} "
                 f"grad_norm={grad_norm if grad_norm is None else round(grad_norm, 4)} tokens/s={rec['tokens_per_second']} "
@@ -181,7 +186,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             if self._zero_grad_steps == ZERO_GRAD_STEPS and self.emit:
                 self.run.emit(
                     make_event(
-                        "warning",
+                        EventType.WARNING,
                         f"the gradient norm has been 0 for {ZERO_GRAD_STEPS} logged steps (up to step {step}): nothing is "
                         "learning; check that the answers are not all masked (dataset.train_on_inputs) and training.learning_rate",
                         step=step,
@@ -192,6 +197,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
 
     # -- evaluation ----------------------------------------------------------------------------
     def on_evaluate(self, args, state, control, metrics=None, **kw):
+        """Emit a ``metrics`` event with the evaluation loss and perplexity."""
         loss = (metrics or {}).get("eval_loss")
         if loss is None:
             return
@@ -199,21 +205,22 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         self.evals.append(rec)
         if self.emit:
             self.run.emit(
-                make_event("metrics", f"eval_loss={loss:.4f} perplexity={rec['perplexity']}", total_steps=state.max_steps, **rec)
+                make_event(EventType.METRICS, f"eval_loss={loss:.4f} perplexity={rec['perplexity']}", total_steps=state.max_steps, **rec)
             )
             print(f"[kubetune] eval at step {state.global_step}: loss={loss:.4f} perplexity={rec['perplexity']}", flush=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def on_save(self, args, state, control, **kw):
+        """Mark the checkpoint complete (sizes and digests) once every rank wrote its part, then rotate old ones."""
         distributed.barrier()  # every rank has written its part (RNG state, shards) before the checkpoint is complete
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not self.emit or not ckpt.is_dir():
             return
         eval_loss = self.evals[-1]["eval_loss"] if self.evals and self.evals[-1]["step"] == state.global_step else None
         mark_complete(ckpt, self.fingerprint, step=state.global_step, eval_loss=eval_loss)
-        self.run.emit(make_event("checkpoint", f"saved {ckpt.name}", path=str(ckpt), step=state.global_step, eval_loss=eval_loss))
+        self.run.emit(make_event(EventType.CHECKPOINT, f"saved {ckpt.name}", path=str(ckpt), step=state.global_step, eval_loss=eval_loss))
         for old in rotate_checkpoints(ckpt.parent, self.job.training.save_total_limit):
-            self.run.emit(make_event("checkpoint", f"removed {old.name} (training.save_total_limit={self.job.training.save_total_limit})", path=str(old), removed=True))
+            self.run.emit(make_event(EventType.CHECKPOINT, f"removed {old.name} (training.save_total_limit={self.job.training.save_total_limit})", path=str(old), removed=True))
         if self.sync is not None:
             self.sync.checkpoint_saved(ckpt)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import constants as C
-from .. import distributed
+from .. import distributed, ranks
 from ..errors import TrainError
-from ..events import RunDir, make_event
+from ..events import EventType, RunDir, make_event
 from ..preemption import Preempted
 from ..spec import TuneJob
 from .checkpoints import best_checkpoint, checkpoint_step, complete_checkpoints, find_resume_checkpoint
@@ -48,14 +48,14 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    is_main = ranks.is_main_process()
     device = device_info()
     distributed.setup(job, device)  # the process group with the job's collective timeout (several processes)
     tokenizer = tokenizer or load_tokenizer(job, model_path)
     plan = plan_run(job, prepared)
     if is_main:
         msg = f"plan: {plan.describe(job)}"
-        run.emit(make_event("metrics", msg, step=0, **dataclasses.asdict(plan)))
+        run.emit(make_event(EventType.METRICS, msg, step=0, **dataclasses.asdict(plan)))
         print(f"[kubetune] {msg}", flush=True)
     resume = find_resume_checkpoint(job, run, emit=is_main)
     started = time.time()
@@ -313,7 +313,7 @@ def _load_finished(trainer: Any, ckpt: Path, run: RunDir, *, emit: bool) -> None
     trainer._load_from_checkpoint(str(ckpt))  # guarded by _guard_checkpoint_loading
     trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
     if emit:
-        run.emit(make_event("stage", f"{ckpt.name} already reached the planned steps: not training again", stage=C.STAGE_TRAIN))
+        run.emit(make_event(EventType.STAGE, f"{ckpt.name} already reached the planned steps: not training again", stage=C.STAGE_TRAIN))
 
 
 def _final_evaluation(trainer: Any, progress: ProgressCallback, *, has_eval: bool) -> float | None:
@@ -393,11 +393,11 @@ def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir, *, is
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
-    run.emit(make_event("stage", f"saved {target.name}/", stage=C.STAGE_PUBLISH, path=str(target)))
+    run.emit(make_event(EventType.STAGE, f"saved {target.name}/", stage=C.STAGE_PUBLISH, path=str(target)))
     if job.method.type != "full" and job.method.lora.modules_to_save:
         run.emit(
             make_event(
-                "warning",
+                EventType.WARNING,
                 f"adapter/ holds full copies of {', '.join(job.method.lora.modules_to_save)} (method.lora.modules_to_save): "
                 "bigger than a plain LoRA adapter and not loadable as a LoRA adapter by vLLM; serve merged/ (output.merge) instead",
             )

@@ -113,21 +113,19 @@ class KfpBackend:
         run = RunDir(job.output_dir)
         _start_run_dir(run, staged, job_id, kfp_mode="remote", kfp_host=server.host)
         for up in uploads:
-            run.emit(make_event(EventType.STAGE, f"uploaded {up['field']} {up['path']} to {up['uri']}", stage=C.STAGE_FETCH, **up))
+            run.stage(C.STAGE_FETCH, f"uploaded {up['field']} {up['path']} to {up['uri']}", **up)
         try:
             with tempfile.TemporaryDirectory(prefix="kubetune-kfp-") as tmp:
                 package = compile_pipeline(staged, Path(tmp) / "pipeline.yaml")
                 run_id = server.submit(package, arguments=pipeline_arguments(staged), run_name=job_id,
                                        service_account=job.kubernetes.service_account)
         except KubetuneError as e:
-            run.emit(make_event(EventType.ERROR, str(e)))
-            run.set_state(C.STATE_FAILED, reason=str(e), exit_code=2)
+            run.fail(str(e), 2)
             raise
         for stale in (run.done_file, run.result_file):  # the server accepted the new run: the old result is history
             stale.unlink(missing_ok=True)
         url = server.run_url(run_id)
-        run.emit(make_event(EventType.STAGE, f"submitted KFP run {run_id}" + (f": {url}" if url else ""), stage=C.STAGE_FETCH,
-                            kfp_run_id=run_id, run_url=url))
+        run.stage(C.STAGE_FETCH, f"submitted KFP run {run_id}" + (f": {url}" if url else ""), kfp_run_id=run_id, run_url=url)
         st = run.read_status() or JobStatus()
         st.extra.update({"kfp_run_id": run_id, "run_url": url} if url else {"kfp_run_id": run_id})
         run.write_status(st)
@@ -154,7 +152,7 @@ class KfpBackend:
             if not st.terminal:
                 reason = "the KFP local runner ended without recording a result (killed?)"
                 tail = _tail(run.worker_log, 5)
-                run.set_state(C.STATE_FAILED, reason=reason + (f"; last log lines:\n{tail}" if tail else ""))
+                run.fail(reason + (f"; last log lines:\n{tail}" if tail else ""))
                 st = run.read_status() or st
         return st
 
@@ -270,21 +268,17 @@ class KfpBackend:
         if state == C.STATE_PENDING and st.state == C.STATE_RUNNING:
             state = st.state  # uploading was already running; states only move forward
         if state != st.state:
-            reason = None
             if state == C.STATE_FAILED:
                 failed = info.failed_task
                 why = info.error or (f"task {failed.name} failed" + (f": {failed.error}" if failed and failed.error else "")
                                      if failed else "the run failed")
-                reason = f"KFP run {run_id} failed: {why}" + (f"; see {url}" if url else "")
-                run.emit(make_event(EventType.ERROR, reason))
-            elif state == C.STATE_CANCELLED:
-                reason = "the KFP run was cancelled"
-            extra = {"exit_code": 1} if state == C.STATE_FAILED else {}
-            run.set_state(state, reason=reason, kfp_state=info.state, **extra)
-            if state == C.STATE_SUCCEEDED:
-                self._fetch_result(run)
-                run.emit(make_event(EventType.DONE, "job succeeded" + (f" ({url})" if url else "")))
-                run.mark_done()
+                run.fail(f"KFP run {run_id} failed: {why}" + (f"; see {url}" if url else ""), 1, kfp_state=info.state)
+            elif state == C.STATE_SUCCEEDED:
+                self._fetch_result(run)  # result.json before the state: a reader that sees succeeded finds it
+                run.succeed("job succeeded" + (f" ({url})" if url else ""), kfp_state=info.state)
+            else:
+                reason = "the KFP run was cancelled" if state == C.STATE_CANCELLED else None
+                run.set_state(state, reason=reason, kfp_state=info.state)
         st = run.read_status() or st
         st.extra["kfp_tasks"] = seen
         run.write_status(st)
@@ -374,12 +368,8 @@ def _new_id(job: TuneJob) -> str:
 
 
 def _start_run_dir(run: RunDir, job: TuneJob, job_id: str, **extra: object) -> None:
-    """A fresh start in the run directory: the resolved spec, no stale result, a pending state."""
-    run.init()
-    run.spec_file.write_text(dump_spec(job), encoding="utf-8")  # an earlier DONE/result.json stay until training starts
-    run.write_status(JobStatus(state=C.STATE_PENDING, job_id=job_id, name=job.name, backend="kfp", run_dir=str(run.path),
-                               created_at=time.time()))
-    run.set_state(C.STATE_PENDING, job_id=job_id, **{k: v for k, v in extra.items() if v is not None})
+    """A fresh start in the run directory: the resolved spec, no stale progress, a pending state."""
+    run.submitted(job_id, name=job.name, backend="kfp", spec_text=dump_spec(job), **extra)
 
 
 def _jobs_dir() -> Path:

@@ -24,7 +24,7 @@ import traceback
 
 from ... import constants as C
 from ...errors import KubetuneError
-from ...events import EventType, RunDir, make_event
+from ...events import RunDir
 from ...spec import load_spec
 
 __all__ = ["run_local_pipeline", "main"]
@@ -47,7 +47,7 @@ def run_local_pipeline(run: RunDir, *, job_id: str | None = None) -> int:
         pipeline = build_pipeline(job, local=True)
         root = run.path / C.KFP_LOCAL_ROOT
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
-        run.set_state(C.STATE_RUNNING, job_id=job_id, kfp_pipeline_root=str(root), kfp_mode="local")
+        run.start(job_id=job_id, kfp_pipeline_root=str(root), kfp_mode="local")
         pipeline(**pipeline_arguments(job, run.path))
     except KubetuneError as e:
         _fail(run, str(e), 2)
@@ -79,11 +79,7 @@ def _submitted_spec() -> dict | None:
 
 def _fail(run: RunDir, reason: str, code: int) -> None:
     """Record a failure unless a component already recorded one (its reason is the better one)."""
-    st = run.read_status()
-    if st is not None and st.terminal:
-        return
-    run.emit(make_event(EventType.ERROR, reason))
-    run.set_state(C.STATE_FAILED, reason=reason, exit_code=code)
+    run.fail(reason, code, unless_ended=True)
 
 
 class _PlainText(io.TextIOBase):

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ... import constants as C
+from ... import ranks
 from ...errors import KubetuneError
-from ...events import RunDir, make_event
+from ...events import RunDir
 from ...spec import TuneJob, dump_spec, load_spec
 from ...spec.reader import parse_spec_text
 
@@ -69,7 +70,7 @@ def fetch_stage(
             _place_data(inputs["eval_dataset"], Path(eval_dir))
         else:
             Path(eval_dir).mkdir(parents=True, exist_ok=True)  # an artifact must exist; empty means "none"
-        run.emit(make_event("stage", f"fetched {model_uri} and {dataset_uri}", stage=C.STAGE_FETCH))
+        run.stage(C.STAGE_FETCH, f"fetched {model_uri} and {dataset_uri}")
 
 
 def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: str, eval_dir: str, trained_dir: str) -> dict:
@@ -81,7 +82,7 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
     if job.resources.world_size > 1 and "RANK" not in os.environ:
         return _train_torchrun(job, spec_text, run_dir, model_dir=model_dir, dataset_dir=dataset_dir, eval_dir=eval_dir,
                                trained_dir=trained_dir)
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    is_main = ranks.is_main_process()
     run = _open_run(run_dir)
     inputs: dict[str, Any] = {
         "model": Path(model_dir),
@@ -132,7 +133,7 @@ def merge_stage(spec_text: str, run_dir: str, *, model_dir: str, trained_dir: st
 
         merged = merge_run(run.path, base_model=model_dir, trust_remote_code=job.model.trust_remote_code)
         _link_tree(merged, Path(merged_dir))
-        run.emit(make_event("stage", "merged adapter into merged/", stage=C.STAGE_PUBLISH))
+        run.stage(C.STAGE_PUBLISH, "merged adapter into merged/")
 
 
 def publish_stage(
@@ -178,9 +179,7 @@ def publish_stage(
         for name in (C.ADAPTER_DIR, C.MODEL_DIR, C.MERGED_DIR, C.RESULT_FILE, C.SPEC_FILE):
             if (run.path / name).exists():
                 _link_tree(run.path / name, record / name)
-        run.set_state(C.STATE_SUCCEEDED)
-        run.emit(make_event("done", "job succeeded"))
-        run.mark_done()
+        run.succeed()
         for name in (C.STATUS_FILE, C.EVENTS_FILE, C.DONE_FILE):  # copies: the run directory keeps its own
             shutil.copy2(run.path / name, record / name)
 
@@ -196,9 +195,10 @@ def _open_run(run_dir: str) -> RunDir:
 
 
 def _stage(run: RunDir | None, stage: str, message: str) -> None:
-    print(f"[kubetune] {message}", flush=True)
     if run is not None:
-        run.emit(make_event("stage", message, stage=stage))
+        run.stage(stage, message, say=True)
+    else:
+        print(f"[kubetune] {message}", flush=True)
 
 
 @contextlib.contextmanager
@@ -222,8 +222,7 @@ def _stage_failures(run: RunDir | None) -> Iterator[None]:
 def _record_failure(run: RunDir | None, reason: str, code: int) -> None:
     if run is None:
         return
-    run.emit(make_event("error", reason))
-    run.set_state(C.STATE_FAILED, reason=reason, exit_code=code)
+    run.fail(reason, code)
 
 
 # --- files between artifacts ------------------------------------------------------------------
@@ -307,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     metrics = train_stage(Path(a.spec).read_text(encoding="utf-8"), a.run_dir, model_dir=a.model_dir,
                           dataset_dir=a.dataset_dir, eval_dir=a.eval_dir, trained_dir=a.trained_dir)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if ranks.is_main_process():
         Path(a.metrics_out).write_text(json.dumps(metrics, default=str), encoding="utf-8")
     return 0
 
