@@ -1,13 +1,17 @@
 """Storage: model/dataset URIs to local files and results back (local, builtin, hf, s3, http(s), oci).
 
 Importing this package is cheap: boto3, huggingface_hub, oras and httpx load inside the functions
-that use them. See docs/storage.md for the URI forms, credentials, the cache and the CLI.
+that use them. See docs/storage.md for the URI forms, credentials, the cache and the CLI, and
+docs/architecture.md for the scheme registry (:mod:`.schemes`: one module per scheme).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+# Importing a scheme module registers it; this order (not alphabetical) is the order messages list them in.
+# Aliased: this package's own s3, hf and oci are the transports (kubetune.storage.s3), not these adapters.
+from .schemes import local as _local, builtin as _builtin, hf as _hf, s3 as _s3, http as _http, oci as _oci  # noqa: F401, I001
 from .sync import OutputSync
 from .uri import is_remote, parse_uri, redact
 

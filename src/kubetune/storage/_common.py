@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol, TypeVar
 
 from .. import constants as C
+from ..errors import SourceError
 
 log = logging.getLogger("kubetune.storage")
 T = TypeVar("T")
@@ -220,6 +221,15 @@ def file_digest(path: Path, algorithm: str = "sha256", *, progress: Callable[[in
             if progress:
                 progress(len(block))
     return h.hexdigest()
+
+
+def check_sha256(path: Path, expected: str, label: str) -> None:
+    """Raise SourceError naming ``label`` (the redacted URI) when the file's sha256 is not ``expected`` (hex, ``sha256:`` optional)."""
+    want = expected.lower().removeprefix("sha256:")
+    got = file_digest(path)
+    if got != want:
+        raise SourceError(f"{label}: sha256 mismatch: expected {want}, got {got}",
+                          hint="the file changed or was corrupted; check the URI and the expected digest")
 
 
 def walk_files(root: Path) -> Iterator[tuple[Path, str]]:

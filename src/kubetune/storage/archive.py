@@ -40,7 +40,7 @@ from ..errors import SourceError
 from ._common import human_bytes, missing_dirs, remove_empty_dirs
 from .uri import archive_kind, redact
 
-__all__ = ["unpack", "unpack_members", "merge_into", "pack_tar", "ArchiveError", "UnsafeArchive", "limits"]
+__all__ = ["unpack", "unpack_members", "unpack_fetched", "merge_into", "pack_tar", "ArchiveError", "UnsafeArchive", "limits"]
 
 _HINT = "the archive is unsafe or damaged; pack it again with relative paths, e.g. `kubetune push DIR URI --tar`"
 _READ_HINT = "check that the URI names a .tar, .tar.gz, .tgz or .zip file and that it was written completely"
@@ -134,6 +134,15 @@ def unpack_members(archive: Path, dest: Path, *, label: str | None = None, kind:
         raise
     shutil.rmtree(work, ignore_errors=True)  # what is left are the emptied copies of merged folders
     return names
+
+
+def unpack_fetched(archive: Path, dest: Path, *, label: str) -> Path:
+    """:func:`unpack` for fetch: returns ``dest``, or the one folder the archive holds when it holds exactly one
+    (``model/``). All or nothing: a refused archive leaves ``dest`` as it was."""
+    names = unpack_members(archive, dest, label=label)
+    if len(names) == 1 and (dest / names[0]).is_dir() and not (dest / names[0]).is_symlink():
+        return dest / names[0]
+    return dest
 
 
 def _extract(archive: Path, kind: str, guard: "_Guard") -> None:

@@ -49,13 +49,13 @@ class OutputSync:
     """Publishes a run's results to ``output.uri`` and mirrors its complete checkpoints there.
 
     Args:
-        uri: ``s3://...``, ``oci://...`` or ``file://...``.
+        uri: ``s3://...``, ``oci://...`` or ``file://...`` (a scheme that declares SYNC in :mod:`.schemes`).
         keep: keep at most this many remote checkpoints (None: all). The oldest go first, marker first.
         emit: called with an event dict (``kubetune.events.make_event``) when a checkpoint is synced or skipped.
         queue_size: checkpoints waiting for upload at most; older waiting ones are dropped for newer ones.
 
     Raises:
-        SourceError: the URI is not s3://, oci:// or file://.
+        SourceError: the URI's scheme cannot hold outputs (it is not s3://, oci:// or file://).
     """
 
     def __init__(self, uri: str, *, keep: int | None = None, emit: Callable[[dict], Any] | None = None,

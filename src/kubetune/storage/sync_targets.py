@@ -1,8 +1,10 @@
 """Where OutputSync writes: a prefix of a bucket or a folder (s3://, file://), or tags of an OCI repository.
 
-Each target offers the same five operations: ``complete_checkpoints()``, ``upload_checkpoint(dir, name)``
-(completion marker last), ``download_checkpoint(name, into)``, ``delete_checkpoint(name)`` (marker first)
-and ``publish(run_dir)``. The layouts are described in :mod:`kubetune.storage.sync`.
+Each target offers the same five operations (:class:`kubetune.storage.schemes.OutputTarget`):
+``complete_checkpoints()``, ``upload_checkpoint(dir, name)`` (completion marker last),
+``download_checkpoint(name, into)``, ``delete_checkpoint(name)`` (marker first) and ``publish(run_dir)``.
+:func:`make_target` asks the output URI's scheme for its target (``Scheme.output_target``); the schemes build
+them from the classes here. The layouts are described in :mod:`kubetune.storage.sync`.
 
 The run's record (spec.yaml, status.json, events.jsonl, result.json, logs/) is published through
 :func:`_redacted_record`: the files are redacted where they are written already, and once more here, so a
@@ -23,26 +25,26 @@ from typing import Any, Iterator
 
 from .. import constants as C
 from ..errors import SourceError
-from ._common import Progress, TransferStats, log, walk_files
 from ..redact import redact_text
-from .uri import Location, redact
+from . import schemes
+from ._common import Progress, TransferStats, log, walk_files
+from .location import Location
+from .schemes import SYNC, OutputTarget
+from .uri import redact
 
-__all__ = ["make_target"]
+__all__ = ["make_target", "PrefixTarget", "S3Store", "FileStore", "OciTarget"]
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RUN_FILES = (C.RESULT_FILE, C.SPEC_FILE, C.STATUS_FILE, C.EVENTS_FILE)
 _ARTIFACT_DIRS = (C.ADAPTER_DIR, C.MODEL_DIR, C.MERGED_DIR)
 
 
-def make_target(loc: Location) -> Any:
-    """The target for an output URI; SourceError for schemes other than s3://, oci:// and file://."""
-    if loc.scheme == "s3":
-        return _PrefixTarget(loc, _S3Store(loc))
-    if loc.scheme == "file":
-        return _PrefixTarget(loc, _FileStore(loc))
-    if loc.scheme == "oci":
-        return _OciTarget(loc)
-    raise SourceError(f"{loc.safe}: output.uri must be s3://, oci:// or file://")
+def make_target(loc: Location) -> OutputTarget:
+    """The target for an output URI (its scheme's ``output_target``); SourceError for schemes without SYNC."""
+    scheme = schemes.get(loc.scheme, loc.uri)
+    if not scheme.supports(SYNC):
+        raise SourceError(f"{loc.safe}: output.uri must be {schemes.listing(schemes.supporting(SYNC))}")
+    return scheme.output_target(loc)
 
 
 def _step(name: str) -> int:
@@ -51,7 +53,9 @@ def _step(name: str) -> int:
 
 
 # --- s3:// and file:// ----------------------------------------------------------------------
-class _S3Store:
+class S3Store:
+    """A bucket prefix as a store for :class:`PrefixTarget`."""
+
     def __init__(self, loc: Location) -> None:
         self.loc = loc
         self.bucket = loc.host
@@ -88,7 +92,9 @@ class _S3Store:
         s3.delete_prefix(self.bucket, self.key(rel_prefix), self.loc, first=[self.key(f) for f in first])
 
 
-class _FileStore:
+class FileStore:
+    """A local folder as a store for :class:`PrefixTarget` (files written under a temporary name, then renamed)."""
+
     def __init__(self, loc: Location) -> None:
         self.loc = loc
         self.root = loc.local_path
@@ -116,8 +122,13 @@ class _FileStore:
         shutil.rmtree(self.root / rel_prefix, ignore_errors=True)
 
 
-class _PrefixTarget:
-    """Checkpoints and artifacts under a prefix of a bucket or a folder."""
+class PrefixTarget:
+    """Checkpoints and artifacts under a prefix of a bucket or a folder: an :class:`~kubetune.storage.schemes.OutputTarget`.
+
+    ``store`` gives four operations on paths relative to the prefix: ``list(rel_prefix) -> [rel]``,
+    ``upload(files, last)`` (``(local path, rel)`` pairs; ``last`` only after all of ``files``),
+    ``download(rel_prefix, into)`` and ``delete(rel_prefix, first)`` (``first`` before the rest).
+    """
 
     def __init__(self, loc: Location, store: Any) -> None:
         self.loc = loc
@@ -193,7 +204,7 @@ class _done_marker:
 
 
 # --- oci:// ----------------------------------------------------------------------------------
-class _OciTarget:
+class OciTarget:
     """Checkpoints and artifacts as tags of one repository."""
 
     def __init__(self, loc: Location) -> None:
