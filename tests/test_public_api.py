@@ -53,3 +53,21 @@ def test_train_one_call(tmp_path, capitals):
     assert status.state == "succeeded", status.reason
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
     assert status.step == 2
+
+
+def test_importing_kubetune_is_light_and_the_api_loads_on_first_use():
+    """`import kubetune` (and so `kubetune --help`) builds no pydantic models; Client and load_spec load when used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kubetune\n"
+        "assert 'kubetune.spec' not in sys.modules and 'pydantic' not in sys.modules, sorted(sys.modules)\n"
+        "from kubetune import *\n"
+        "assert Client.__module__ == 'kubetune.client' and load_spec.__module__.startswith('kubetune.spec')\n"
+        "assert kubetune.TuneJob is TuneJob and callable(train)\n"
+        "import kubetune.cli.main\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

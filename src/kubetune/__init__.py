@@ -6,7 +6,8 @@ actually trains, so importing kubetune is instant.
 
 from __future__ import annotations
 
-from .client import Client, JobRef, train
+from typing import TYPE_CHECKING
+
 from .constants import JobState
 from .errors import (
     BackendError,
@@ -19,7 +20,24 @@ from .errors import (
     TrainError,
 )
 from .events import EventType, JobStatus
-from .spec import TuneJob, load_spec
+
+if TYPE_CHECKING:  # loaded on first use: `kubetune --help` and the errors need no pydantic models
+    from .client import Client, JobRef, train
+    from .spec import TuneJob, load_spec
+
+_LAZY = {"Client": "client", "JobRef": "client", "train": "client", "TuneJob": "spec", "load_spec": "spec"}
+
+
+def __getattr__(name: str):
+    """``kubetune.Client``, ``kubetune.load_spec``, ...: imported on first use (the job spec's models take a moment)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kubetune' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 from ._version import __version__
 
