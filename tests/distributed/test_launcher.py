@@ -11,12 +11,12 @@ import time
 import pytest
 
 from kubetune import constants as C
-from kubetune import distributed
 from kubetune.backends.local import _worker_command
-from kubetune.distributed import RankFailure, failure_reason, root_cause
 from kubetune.errors import BackendError, TrainError
 from kubetune.events import RunDir
+from kubetune.launch import RankFailure, failure_reason, root_cause
 from kubetune.spec import load_spec
+from kubetune.training import distributed
 
 from .conftest import cli_env, dist_spec, write_spec
 
