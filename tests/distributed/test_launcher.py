@@ -74,7 +74,7 @@ def test_the_local_backend_starts_the_launcher_for_several_processes(tmp_path):
     one = _worker_command(load_spec(dist_spec(tmp_path, procs=1)), run)
     assert one[1:3] == ["-m", "kubetune.worker"]
     two = _worker_command(load_spec(dist_spec(tmp_path, procs=2)), run)
-    assert two[1:3] == ["-m", "kubetune.distributed"]
+    assert two[1:3] == ["-m", "kubetune.launch"]
     assert "--standalone" in two and "--nproc-per-node=2" in two and "--max-restarts=0" in two
     assert two[two.index("--max-restarts=0") + 1 :][:2] == ["-m", "kubetune.worker"]
 
@@ -113,7 +113,7 @@ def test_a_node_whose_peers_never_come_fails_after_the_rendezvous_timeout(tmp_pa
     spec_file = write_spec(spec, tmp_path / "spec.yaml")
     started = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "kubetune.distributed", "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+        [sys.executable, "-m", "kubetune.launch", "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
          "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "kubetune.worker", "--spec", str(spec_file)],
         capture_output=True, text=True, timeout=120, env=cli_env(),
     )
