@@ -143,3 +143,20 @@ def test_a_launch_with_another_world_size_than_the_spec_is_refused(tmp_path, mon
     assert "--set resources.nodes=" in str(e.value)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     distributed.check_topology(job)  # not under torchrun: nothing to compare
+
+
+# --- the compatibility entry -------------------------------------------------------------------
+def _usage(module: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                          env=cli_env(COLUMNS="100"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: "), proc.stdout[:500]
+    words = proc.stdout.split()
+    return " ".join(words[2:])  # without "usage:" and the program's name (distributed.py, launch.py)
+
+
+def test_the_old_entry_point_is_the_same_launcher():
+    """Pods rendered by older kubetune versions run `python -m kubetune.distributed`: same options, same help."""
+    new = _usage("kubetune.launch")
+    assert "--nproc-per-node" in new and "--rdzv-conf" in new  # torchrun's command line
+    assert _usage("kubetune.distributed") == new
