@@ -4,7 +4,7 @@ The job is the tiny builtin model (builtin://tiny-chat) with LoRA on examples/da
 batch of 16 sequences per optimizer step whatever the topology:
 
 - baseline, ``1 process``: ``resources.processes_per_node=1`` -- batch 8 x 2 accumulation steps;
-- kubetune, ``2 processes``: ``resources.processes_per_node=2`` -- torchrun (python -m kubetune.distributed),
+- kubetune, ``2 processes``: ``resources.processes_per_node=2`` -- torchrun (python -m kubetune.launch),
   DDP over gloo, batch 8 x 2 processes.
 
 torchrun gives each rank one intra-op thread (OMP_NUM_THREADS=1), so the baseline runs with one thread too

@@ -3,7 +3,8 @@
 * no import cycle between kubetune's modules (lazy imports inside functions count too: they run);
 * imports point down the layers: cli -> client/serve/sweep -> backends -> worker/launch -> training/data ->
   storage -> spec/presets/events -> errors/constants/paths; the few sideways arrows are listed with why;
-* nothing below the worker imports it; only cli/ imports typer or rich;
+* nothing below the worker imports it; nothing imports the compatibility entry kubetune.distributed;
+  only cli/ imports typer or rich;
 * no module over 600 lines.
 """
 
@@ -22,8 +23,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "constants", "paths", "_version", "redact", "ranks"),
     ("spec", "presets", "events"),
     ("storage",),
-    ("data", "training", "preflight", "distributed", "preemption"),  # distributed: rank helpers the training loop uses, and the launcher
-    ("worker", "launch"),
+    ("data", "training", "preflight", "preemption"),  # training.distributed: what a rank does about the others
+    # launch: torchrun around the workers. distributed: only the compatibility entry `python -m kubetune.distributed`
+    # (what pods rendered by older versions run), which re-exports launch's main; nothing in kubetune imports it.
+    ("worker", "launch", "distributed"),
     ("backends",),
     ("client", "sweep", "serve"),
     ("cli",),
@@ -159,10 +162,15 @@ def test_imports_point_down_the_layers():
 
 
 def test_nothing_below_the_worker_imports_it():
-    below = {n for names in LAYERS[: LAYERS.index(("worker", "launch"))] for n in names}
+    below = {n for names in LAYERS[: _layer("kubetune.worker")] for n in names}
     offenders = [f"{m}:{line}" for m, deps in _imports(_modules()).items() if m.split(".")[1:2] and m.split(".")[1] in below
                  for t, line in deps if t == "kubetune.worker"]
     assert not offenders, offenders
+
+
+def test_nothing_imports_the_compatibility_entry():
+    offenders = [f"{m}:{line}" for m, deps in _imports(_modules()).items() for t, line in deps if t == "kubetune.distributed"]
+    assert not offenders, f"import kubetune.launch or kubetune.training.distributed instead: {offenders}"
 
 
 @pytest.mark.parametrize("library", ["typer", "rich"])

@@ -280,4 +280,4 @@ KFP_MAIN_CONTAINER = "main"  # the container of a KFP task pod that runs the com
 ENV_RANK = "RANK"  # set by torchrun: this process's global rank (read through kubetune.ranks)
 ENV_LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: this process's rank on its node (its accelerator index)
 ENV_WORLD_SIZE = "WORLD_SIZE"  # set by torchrun: processes in the job
-ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.distributed`; rank 0 records it, that launcher records the job's end
+ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.launch`; rank 0 records it, that launcher records the job's end

@@ -7,7 +7,7 @@ Who sends what, and what it means:
   ``preempted`` state; rerunning the spec resumes from that checkpoint.
 - ``kubetune cancel`` first writes ``CANCEL_REQUESTED`` (naming the process it stops) into the run directory,
   then sends SIGTERM: **cancellation**, the worker leaves at once (``cancelled``).
-- kubetune's launcher (``python -m kubetune.distributed``) on SIGTERM creates the file named by
+- kubetune's launcher (``python -m kubetune.launch``) on SIGTERM creates the file named by
   ``KUBETUNE_PREEMPT_FILE`` before torchrun passes SIGTERM to every rank. A rank under torchrun preempts only
   when that file exists: otherwise torchrun is stopping the survivors of a failed rank.
 

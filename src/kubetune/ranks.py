@@ -1,6 +1,6 @@
 """Where this process stands in a distributed job: the one reader of ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``.
 
-torchrun (and ``python -m kubetune.distributed``) set these variables in every worker process; a process that
+torchrun (and ``python -m kubetune.launch``) set these variables in every worker process; a process that
 no launcher started is rank 0 of a world of one. Code that asks "am I the process that writes the run
 directory?" calls :func:`is_main_process` instead of reading the environment itself.
 """

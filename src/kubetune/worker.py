@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from . import constants as C
-from . import distributed, preemption
-from . import ranks
+from . import preemption, ranks
 from .errors import BackendError, KubetuneError
 from .events import EventType, RunDir, RunLock, disk_error_reason, make_event
 from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
+from .training import distributed
 
 __all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "prepare_data", "publish", "main"]
 

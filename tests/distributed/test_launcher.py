@@ -11,12 +11,12 @@ import time
 import pytest
 
 from kubetune import constants as C
-from kubetune import distributed
 from kubetune.backends.local import _worker_command
-from kubetune.distributed import RankFailure, failure_reason, root_cause
 from kubetune.errors import BackendError, TrainError
 from kubetune.events import RunDir
+from kubetune.launch import RankFailure, failure_reason, root_cause
 from kubetune.spec import load_spec
+from kubetune.training import distributed
 
 from .conftest import cli_env, dist_spec, write_spec
 
@@ -74,7 +74,7 @@ def test_the_local_backend_starts_the_launcher_for_several_processes(tmp_path):
     one = _worker_command(load_spec(dist_spec(tmp_path, procs=1)), run)
     assert one[1:3] == ["-m", "kubetune.worker"]
     two = _worker_command(load_spec(dist_spec(tmp_path, procs=2)), run)
-    assert two[1:3] == ["-m", "kubetune.distributed"]
+    assert two[1:3] == ["-m", "kubetune.launch"]
     assert "--standalone" in two and "--nproc-per-node=2" in two and "--max-restarts=0" in two
     assert two[two.index("--max-restarts=0") + 1 :][:2] == ["-m", "kubetune.worker"]
 
@@ -113,7 +113,7 @@ def test_a_node_whose_peers_never_come_fails_after_the_rendezvous_timeout(tmp_pa
     spec_file = write_spec(spec, tmp_path / "spec.yaml")
     started = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "kubetune.distributed", "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+        [sys.executable, "-m", "kubetune.launch", "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
          "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "kubetune.worker", "--spec", str(spec_file)],
         capture_output=True, text=True, timeout=120, env=cli_env(),
     )
@@ -143,3 +143,20 @@ def test_a_launch_with_another_world_size_than_the_spec_is_refused(tmp_path, mon
     assert "--set resources.nodes=" in str(e.value)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     distributed.check_topology(job)  # not under torchrun: nothing to compare
+
+
+# --- the compatibility entry -------------------------------------------------------------------
+def _usage(module: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                          env=cli_env(COLUMNS="100"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: "), proc.stdout[:500]
+    words = proc.stdout.split()
+    return " ".join(words[2:])  # without "usage:" and the program's name (distributed.py, launch.py)
+
+
+def test_the_old_entry_point_is_the_same_launcher():
+    """Pods rendered by older kubetune versions run `python -m kubetune.distributed`: same options, same help."""
+    new = _usage("kubetune.launch")
+    assert "--nproc-per-node" in new and "--rdzv-conf" in new  # torchrun's command line
+    assert _usage("kubetune.distributed") == new

@@ -24,7 +24,7 @@ SAVE_STEPS = 5
 
 def _launch(spec_file, *extra: str, env: dict | None = None, log=None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "kubetune.distributed", *extra, "-m", "kubetune.worker", "--spec", str(spec_file)],
+        [sys.executable, "-m", "kubetune.launch", *extra, "-m", "kubetune.worker", "--spec", str(spec_file)],
         stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env or cli_env(),
     )
 

@@ -1,4 +1,4 @@
-"""Two nodes on one machine: two launches of `python -m kubetune.distributed` rendezvous on 127.0.0.1.
+"""Two nodes on one machine: two launches of `python -m kubetune.launch` rendezvous on 127.0.0.1.
 
 The commands of docs/distributed.md ("Two nodes, by hand"), with a free port. The job trains as one world of
 two ranks: the same losses as 2 processes on one node, and only node 0's launcher writes the run directory.
@@ -35,7 +35,7 @@ def _two_launches(tmp_path, env1: dict | None = None) -> tuple[list[subprocess.P
 
     def launch(node_rank: int, env: dict) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "kubetune.distributed", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node_rank}",
+            [sys.executable, "-m", "kubetune.launch", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node_rank}",
              "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "kubetune.worker", "--spec", str(spec_file)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )

@@ -15,8 +15,8 @@ import pytest
 from kubetune import Client
 from kubetune import constants as C
 from kubetune import preemption
-from kubetune.distributed import terminated_state
 from kubetune.training.checkpoints import checkpoint_step, complete_checkpoints, verify_checkpoint
+from kubetune.training.distributed import terminated_state
 
 from .conftest import events, run_worker_subprocess, small, status, worker_command, write_spec
 

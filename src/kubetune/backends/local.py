@@ -275,10 +275,10 @@ def _worker_command(job: TuneJob, run: RunDir) -> list[str]:
     if r.nodes > 1:
         raise BackendError(
             f"resources.nodes={r.nodes}: the local backend runs one node",
-            hint="use --backend kubernetes, or start `python -m kubetune.distributed` on each machine (see docs/distributed.md)",
+            hint="use --backend kubernetes, or start `python -m kubetune.launch` on each machine (see docs/distributed.md)",
         )
     # torchrun, through kubetune's launcher: it records the first failing rank's error as the job's reason
     return [
-        sys.executable, "-m", "kubetune.distributed", "--standalone",
+        sys.executable, "-m", "kubetune.launch", "--standalone",
         f"--nproc-per-node={r.processes_per_node}", "--max-restarts=0", *args,
     ]

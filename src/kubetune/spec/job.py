@@ -296,7 +296,7 @@ class ResourcesSpec(_Section):
         "checkpoint) before the job fails: a hung rank ends the job after this, never later."
     )
     rendezvous_timeout_seconds: int = Field(
-        600, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.distributed)."
+        600, ge=10, le=C.SPEC_MAX_TIMEOUT_S, description="How long the nodes of a multi-node job wait for each other at start-up (python -m kubetune.launch)."
     )
 
     _check_quantities = field_validator("cpu", "memory", mode="before")(lambda cls, v: check_quantity(v))

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import distributed, preemption
+from .. import preemption
 from ..events import EventType, RunDir, make_event
 from ..spec import TuneJob
+from . import distributed
 from .checkpoints import checkpoint_fingerprint, mark_complete, rotate_checkpoints
 
 __all__ = ["Plan", "ProgressCallback", "ZERO_GRAD_STEPS", "perplexity", "peak_memory_mb"]

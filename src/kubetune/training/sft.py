@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import constants as C
-from .. import distributed, ranks
+from .. import ranks
 from ..errors import TrainError
 from ..events import EventType, RunDir, make_event
 from ..preemption import Preempted
 from ..spec import TuneJob
+from . import distributed
 from .checkpoints import best_checkpoint, checkpoint_step, complete_checkpoints, find_resume_checkpoint
 from .model import count_parameters, device_info, load_model, load_tokenizer, precision
 from .progress import Plan, ProgressCallback, log_history_losses, mean_loss, perplexity

@@ -163,7 +163,7 @@ def test_two_node_job_trains_with_torchrun(s3, capitals, tmp_path):
     stage_inputs(job)
     objects = render(job, "job")
     main = objects[-1]["spec"]["template"]["spec"]["containers"][0]
-    assert main["command"] == ["python", "-m", "kubetune.distributed"] and "--node-rank=$(NODE_RANK)" in main["args"]
+    assert main["command"] == ["python", "-m", "kubetune.launch"] and "--node-rank=$(NODE_RANK)" in main["args"]
     pods = PodExecutor(objects, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=OFFLINE, timeout=500).run()
     assert all(p.ok for p in pods), "\n\n".join(p.describe() for p in pods)
     run = pods[0].host_path(C.K8S_OUTPUT_DIR)  # rank 0 writes the run directory

@@ -95,7 +95,7 @@ def test_job_single_process_runs_the_worker_directly():
 
 def test_job_one_node_many_processes_uses_standalone_torchrun():
     main = _main(_workload(render(_job("gaudi-8"), "job")))
-    assert main["command"] == ["python", "-m", "kubetune.distributed"]  # torchrun with the job's reason and timeouts
+    assert main["command"] == ["python", "-m", "kubetune.launch"]  # torchrun with the job's reason and timeouts
     assert main["args"][:3] == ["--standalone", "--nnodes=1", "--nproc-per-node=8"]
     assert main["args"][3:5] == ["-m", "kubetune.worker"]
 

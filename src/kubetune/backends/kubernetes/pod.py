@@ -170,7 +170,7 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
     return args
 
 
-LAUNCHER = ["python", "-m", "kubetune.distributed"]  # torchrun, plus the job's reason and timeouts (distributed.py)
+LAUNCHER = ["python", "-m", "kubetune.launch"]  # torchrun, plus the job's reason and timeouts (launch.py)
 
 
 def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple[list[str], list[str]]:
@@ -180,7 +180,7 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
         launcher: ``static``: torchrun gets node rank and master from this pod's env (plain Job);
             ``operator``: the operator injects PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT, which torchrun reads.
 
-    Several processes start through ``python -m kubetune.distributed``, kubetune's drop-in for ``torchrun``
+    Several processes start through ``python -m kubetune.launch``, kubetune's drop-in for ``torchrun``
     (same arguments): it names the first failing rank in the job's reason, applies the spec's rendezvous
     timeout, and its ranks die with it.
     """
