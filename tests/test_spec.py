@@ -200,3 +200,25 @@ def test_help_and_validate_do_not_import_torch(tmp_path):
     ) % str(f)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY=\n" in out.stdout or out.stdout.strip().endswith("HEAVY="), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "source, revision, pinned",
+    [
+        ("hf://org/m", None, "hf://org/m"),
+        ("hf://org/m", "v2", "hf://org/m@v2"),
+        ("hf://org/m@v1", "v2", "hf://org/m@v2"),  # revision wins over @REV (docs/spec.md)
+        ("hf://org/m@v1", None, "hf://org/m@v1"),
+        ("hf://models/org/m@v1/sub/dir", "abc123", "hf://models/org/m@abc123/sub/dir"),
+        ("s3://bucket/model", "v2", "s3://bucket/model"),  # only hub sources have revisions
+    ],
+)
+def test_the_model_source_and_revision_are_joined_in_one_place(source, revision, pinned):
+    from kubetune.spec import load_spec
+
+    job = load_spec({"name": "x", "model": {"source": source, "revision": revision}, "dataset": {"source": "data.jsonl"}})
+    assert job.model.pinned_source == pinned
+    from kubetune.storage import parse_uri
+
+    if source.startswith("hf://"):  # what fetch resolves is what the pinned URI names
+        assert parse_uri(pinned).revision == parse_uri(source, revision).revision

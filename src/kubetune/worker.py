@@ -263,11 +263,11 @@ def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
 # --- stages ----------------------------------------------------------------------------------
 def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
     """Fetch the model and datasets (:func:`kubetune.storage.fetch`); returns local paths under keys model,
-    dataset, eval_dataset. ``model.revision`` wins over an ``@REV`` in the model's URI."""
+    dataset, eval_dataset. ``model.revision`` wins over an ``@REV`` in the model's URI (``ModelSpec.pinned_source``)."""
     from .storage import fetch
 
     return {
-        "model": fetch(job.model.source, revision=job.model.revision),
+        "model": fetch(job.model.pinned_source),
         "dataset": fetch(job.dataset.source),
         "eval_dataset": fetch(job.dataset.eval_source) if job.dataset.eval_source else None,
     }

@@ -60,7 +60,7 @@ def inspect(
     from ..data.inspect import inspect_source
     from ..storage import fetch
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch(job.model.source, revision=job.model.revision), trust_remote_code=job.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(fetch(job.model.pinned_source), trust_remote_code=job.model.trust_remote_code)
     report = inspect_source(job, tokenizer, fetch(job.dataset.source))
     if json_out:
         typer.echo(json.dumps(report, indent=2, ensure_ascii=False))

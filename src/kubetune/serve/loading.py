@@ -83,7 +83,7 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
         elif (path / C.ADAPTER_DIR / "adapter_config.json").is_file():
             from peft import PeftModel
 
-            base_dir = fetch(job.model.source, revision=job.model.revision)
+            base_dir = fetch(job.model.pinned_source)
             base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, trust_remote_code=trust)
             model = PeftModel.from_pretrained(base, path / C.ADAPTER_DIR).eval()
             tok = AutoTokenizer.from_pretrained(path / C.ADAPTER_DIR)

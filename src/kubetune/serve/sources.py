@@ -176,7 +176,7 @@ def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
             f"{source}: the run's base model {job.model.source} needs credentials, which kubetune never saves in a run",
             hint=f"serve the base model with its credentials and add the run's adapter: kubetune serve BASE_URI --adapter {name}={source}",
         )
-    base_dir = fetch(job.model.source, revision=job.model.revision)
+    base_dir = fetch(job.model.pinned_source)
     adapter = _adapter(name, run / C.ADAPTER_DIR, source, base_model=job.model.source)
     return ServePlan(
         source=source,

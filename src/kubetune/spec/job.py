@@ -36,6 +36,23 @@ class ModelSpec(_Section):
 
     _check_source = field_validator("source")(lambda cls, v: check_uri(v))
 
+    @property
+    def pinned_source(self) -> str:
+        """``source`` with ``revision`` joined in: the one URI that names exactly what is fetched.
+
+        ``revision`` wins over an ``@REV`` in an ``hf://`` source (``hf://org/m@v1`` with revision ``v2`` is
+        ``hf://org/m@v2``); other schemes have no revisions and are returned as they are. Everything that fetches
+        the model or hands its URI on (the worker, merge, serve, init containers) goes through this.
+        """
+        if not self.revision or not self.source.startswith("hf://"):
+            return self.source
+        segments = self.source[len("hf://"):].split("/")
+        name = 1 + (segments[0] in ("datasets", "models", "spaces"))  # the NAME segment after ORG
+        if len(segments) <= name:
+            return self.source
+        segments[name] = f"{segments[name].partition('@')[0]}@{self.revision}"
+        return "hf://" + "/".join(segments)
+
 
 # --- dataset ---------------------------------------------------------------------------------
 # The format names come from the data package's registry (a plain table importing nothing of the spec), so a

@@ -45,7 +45,7 @@ def merge_run(run_dir: str | os.PathLike, *, base_model: str | os.PathLike | Non
         from ..storage import fetch
 
         job = load_spec(run_dir / C.SPEC_FILE)
-        base_model = base_model or fetch(job.model.source, revision=job.model.revision)
+        base_model = base_model or fetch(job.model.pinned_source)
         trust_remote_code = job.model.trust_remote_code if trust_remote_code is None else trust_remote_code
     return merge_adapter(base_model, adapter, run_dir / C.MERGED_DIR, trust_remote_code=bool(trust_remote_code))
 

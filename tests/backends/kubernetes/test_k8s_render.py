@@ -223,6 +223,10 @@ def test_init_containers_fetch_into_the_workspace(flavor):
     cpu = _pod_specs(_workload(render(_job("cpu"), flavor)))[0]
     assert [c["name"] for c in cpu["initContainers"]] == ["fetch-data"]
     assert not any(a.startswith("model.source=") for a in cpu["containers"][0]["args"])
+    # model.revision wins over an @REV written in the source (docs/spec.md), also in the init container
+    pinned = _pod_specs(_workload(render(_job("gpu-pvc", ["model.source=hf://Qwen/Qwen2.5-0.5B-Instruct@v1", "model.revision=v2"]), flavor)))[0]
+    fetch_model = {c["name"]: c for c in pinned["initContainers"]}["fetch-model"]
+    assert fetch_model["command"][2] == "hf://Qwen/Qwen2.5-0.5B-Instruct@v2"
 
 
 def test_pvc_workspace_and_kueue_queue():

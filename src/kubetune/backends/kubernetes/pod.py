@@ -122,9 +122,7 @@ def cluster_inputs(job: TuneJob) -> list[Input]:
                 )
             out.append(Input(field, role, staged_uri(job, role, value), dest, local=value, in_spec=listed))
         else:
-            uri = value
-            if field == "model.source" and job.model.revision and value.startswith("hf://") and "@" not in value:
-                uri = f"{value}@{job.model.revision}"
+            uri = job.model.pinned_source if field == "model.source" else value  # revision wins over @REV
             out.append(Input(field, role, uri, dest, in_spec=listed))
     return out
 
