@@ -189,3 +189,21 @@ def test_only_cli_imports_the_terminal_libraries(library):
 def test_no_module_is_over_600_lines():
     long = {str(p.relative_to(SRC)): n for p in PKG.rglob("*.py") if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert set(long) <= OVER_LIMIT_TODO, f"split these by topic: { {k: v for k, v in long.items() if k not in OVER_LIMIT_TODO} }"
+
+
+def test_every_public_callable_has_a_docstring():
+    """Public functions, classes and methods say what they do (the API reference is read from them)."""
+    missing = []
+    for path in sorted((SRC / "kubetune").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+
+        def visit(body, prefix=""):
+            for node in body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                    if not ast.get_docstring(node):
+                        missing.append(f"{path.relative_to(SRC)}:{node.lineno} {prefix}{node.name}")
+                    if isinstance(node, ast.ClassDef):
+                        visit(node.body, f"{prefix}{node.name}.")
+
+        visit(tree.body)
+    assert not missing, "\n".join(missing)

@@ -62,9 +62,11 @@ class S3Store:
         self.base = loc.path.strip("/")
 
     def key(self, rel: str) -> str:
+        """The object key of ``rel`` under the store's prefix."""
         return f"{self.base}/{rel}" if self.base else rel
 
     def list(self, rel_prefix: str) -> list[str]:
+        """The relative names of the objects under ``rel_prefix``."""
         from . import s3
 
         root = self.key("")
@@ -74,6 +76,7 @@ class S3Store:
             raise s3.map_error(e, self.loc) from None
 
     def upload(self, files: list[tuple[Path, str]], last: list[tuple[Path, str]]) -> None:
+        """Upload ``files`` (local path, relative name), then ``last`` (the completion markers) once the rest is there."""
         from . import s3
 
         stats = TransferStats(uri=self.loc.safe)
@@ -81,12 +84,14 @@ class S3Store:
                         last=[(p, self.key(r)) for p, r in last])
 
     def download(self, rel_prefix: str, into: Path) -> None:
+        """Download everything under ``rel_prefix`` into the folder ``into``."""
         from . import s3
 
         sub = Location(uri=f"s3://{self.bucket}/{self.key(rel_prefix)}", scheme="s3", host=self.bucket, path=self.key(rel_prefix))
         s3.download(s3.probe(sub), sub, into, TransferStats(), Progress("", enabled=False))
 
     def delete(self, rel_prefix: str, first: list[str]) -> None:
+        """Delete ``first`` (the completion markers, so nothing half-deleted looks complete), then the rest under ``rel_prefix``."""
         from . import s3
 
         s3.delete_prefix(self.bucket, self.key(rel_prefix), self.loc, first=[self.key(f) for f in first])
@@ -100,10 +105,12 @@ class FileStore:
         self.root = loc.local_path
 
     def list(self, rel_prefix: str) -> list[str]:
+        """The relative names of the files under ``rel_prefix``."""
         base = self.root / rel_prefix
         return [f"{rel_prefix.rstrip('/')}/{rel}" for _, rel in walk_files(base)] if base.is_dir() else []
 
     def upload(self, files: list[tuple[Path, str]], last: list[tuple[Path, str]]) -> None:
+        """Copy ``files`` then ``last`` (the completion markers) in, each under a temporary name renamed into place."""
         for path, rel in list(files) + list(last):
             out = self.root / rel
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,11 +119,13 @@ class FileStore:
             os.replace(tmp, out)
 
     def download(self, rel_prefix: str, into: Path) -> None:
+        """Copy everything under ``rel_prefix`` into the folder ``into``."""
         from ._common import copy_tree
 
         copy_tree(self.root / rel_prefix, into)
 
     def delete(self, rel_prefix: str, first: list[str]) -> None:
+        """Remove ``first`` (the completion markers), then the rest under ``rel_prefix``."""
         for f in first:
             (self.root / f).unlink(missing_ok=True)
         shutil.rmtree(self.root / rel_prefix, ignore_errors=True)
@@ -135,6 +144,7 @@ class PrefixTarget:
         self.store = store
 
     def complete_checkpoints(self) -> list[str]:
+        """The names of the checkpoints under the prefix whose completion marker is there, oldest first."""
         names = set()
         for rel in self.store.list(f"{C.CHECKPOINTS_DIR}/"):
             parts = rel.split("/")
@@ -143,18 +153,22 @@ class PrefixTarget:
         return sorted(names, key=_step)
 
     def upload_checkpoint(self, local: Path, name: str) -> None:
+        """Upload a complete checkpoint folder, its completion marker last."""
         rel = f"{C.CHECKPOINTS_DIR}/{name}"
         files = [(p, f"{rel}/{r}") for p, r in walk_files(local) if r != C.CHECKPOINT_COMPLETE]
         self.store.upload(files, [(local / C.CHECKPOINT_COMPLETE, f"{rel}/{C.CHECKPOINT_COMPLETE}")])
 
     def download_checkpoint(self, name: str, into: Path) -> None:
+        """Download the checkpoint ``name`` into ``into``."""
         self.store.download(f"{C.CHECKPOINTS_DIR}/{name}/", into)
 
     def delete_checkpoint(self, name: str) -> None:
+        """Delete the checkpoint ``name``, its completion marker first."""
         rel = f"{C.CHECKPOINTS_DIR}/{name}"
         self.store.delete(f"{rel}/", first=[f"{rel}/{C.CHECKPOINT_COMPLETE}"])
 
     def publish(self, run_dir: Path) -> None:
+        """Upload the run's artifacts and record (logs, result.json, spec, status, events; credentials masked), ``DONE`` last."""
         files: list[tuple[Path, str]] = []
         for d in _ARTIFACT_DIRS:
             if (run_dir / d).is_dir():
@@ -220,12 +234,14 @@ class OciTarget:
         return Location(uri=uri, scheme="oci", host=self.loc.host, path=f"{self.repo}:{tag}")
 
     def complete_checkpoints(self) -> list[str]:
+        """The names of the checkpoints pushed as tags of the repository, oldest first."""
         from . import oci
 
         pattern = re.compile(rf"^{re.escape(self.tag)}-(checkpoint-\d+)$")
         return sorted((m.group(1) for t in oci.list_tags(self.loc) if (m := pattern.match(t))), key=_step)
 
     def upload_checkpoint(self, local: Path, name: str) -> None:
+        """Push a complete checkpoint folder as one artifact tagged with its name."""
         from . import oci
 
         files = [(p, r, C.OCI_MEDIA_FILE) for p, r in walk_files(local)]
@@ -233,18 +249,21 @@ class OciTarget:
                        annotations={C.OCI_ANNOTATION_KIND: "checkpoint", C.OCI_ANNOTATION_TITLE: name})
 
     def download_checkpoint(self, name: str, into: Path) -> None:
+        """Pull the checkpoint ``name`` into ``into``."""
         from . import oci
 
         at = self._at(f"{self.tag}-{name}")
         oci.download(at, oci.probe(at), into, TransferStats(), Progress("", enabled=False))
 
     def delete_checkpoint(self, name: str) -> None:
+        """Delete the checkpoint's tag from the repository."""
         from . import oci
 
         if not oci.delete_tag(self.loc, f"{self.tag}-{name}"):
             log.debug("%s: registry does not allow deletes; keeping %s", self.loc.safe, name)
 
     def publish(self, run_dir: Path) -> None:
+        """Push the run's results as one artifact under the URI's tag."""
         from . import oci
 
         base_model, method = _run_facts(run_dir)
