@@ -53,9 +53,13 @@ class Client:
         """All events so far."""
         return self.backend.events(self._ref(ref))
 
-    def logs(self, ref: JobRef | str, follow: bool = False) -> Iterator[str]:
-        """The worker's log lines (``follow``: until the job ends)."""
-        return self.backend.logs(self._ref(ref), follow=follow)
+    def logs(self, ref: JobRef | str, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
+        """The job's worker log lines (``follow``: until the job ends).
+
+        Local jobs of one spec share a run directory and its log: only this job's part, from the header line that
+        names its id; ``all_runs`` adds the earlier jobs' parts, each after its own header.
+        """
+        return self.backend.logs(self._ref(ref), follow=follow, all_runs=all_runs)
 
     def cancel(self, ref: JobRef | str) -> None:
         """Stop the job and everything it started; its state becomes ``cancelled``."""

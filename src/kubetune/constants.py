@@ -40,6 +40,9 @@ WORKSPACE_DIR = "workspace"  # fetched model/data inside the run directory when 
 
 # Prefix of event lines on stdout, so that cluster logs alone rebuild the status.
 EVENT_LINE_PREFIX = "KUBETUNE_EVENT "
+# Start of the line a local backend writes into logs/worker.log before each job's worker starts (the log is
+# appended per submission): "===== kubetune job ID started TIME =====".
+LOG_JOB_HEADER_PREFIX = "===== kubetune job "
 
 # --- states ----------------------------------------------------------------------------------
 class JobState(str, Enum):

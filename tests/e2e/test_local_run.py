@@ -170,3 +170,93 @@ def test_a_job_whose_submitter_died_before_starting_it_is_reported_never_started
     run2.set_state(C.STATE_RUNNING, job_id="j2", worker_pid=dead.pid)
     st = backend.status(JobRef(id="j2", backend="local", name="j", run_dir=str(run2.path)))
     assert st.state == C.STATE_FAILED and "ended without recording a result" in st.reason
+
+
+def test_cli_run_in_a_pipe_prints_compact_whole_lines(tiny_job, tmp_path, kubetune_cli):
+    """Issue 22: through a pipe or in CI `kubetune run` prints a progress line every few seconds or tenth of the steps
+    (not one per step), never wraps a line at 80 columns, and `list`/`status` print whole values for scripts."""
+    import re
+
+    import yaml
+
+    from kubetune.cli._output import PROGRESS_INTERVAL_S
+    from kubetune.events import RunDir
+
+    run_dir = tmp_path / ("a-run-directory-with-a-long-name-" + "x" * 40)  # the lines below pass 80 columns
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(tiny_job(training={"max_steps": 30, "save_steps": 15, "eval_steps": 15, "batch_size": 2}, output={"dir": str(run_dir)})))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    r = subprocess.run([*kubetune_cli, "run", str(f)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    job_id = RunDir(run_dir).read_status().job_id
+    assert f"{job_id} on local -> {run_dir}" in lines  # one line, however long
+    assert "  plan: 30 steps (training.max_steps=30); global batch 2 = 2 x 1 process(es) x 1 accumulation" in lines, lines
+    steps = [int(m.group(1)) for line in lines if (m := re.match(r"\s*step (\d+)/30 loss=", line))]
+    assert steps[0] == 1 and steps[-1] == 30 and steps == sorted(set(steps))
+    # every step printed after the first is 3 steps (a tenth) or PROGRESS_INTERVAL_S after the one printed before
+    times = {ev["data"]["step"]: ev["time"] for ev in RunDir(run_dir).read_events() if ev["type"] == "metrics" and "loss" in (ev.get("data") or {})}
+    for before, step in zip(steps, steps[1:]):
+        assert step == 30 or step - before >= 3 or times[step] - times[before] >= PROGRESS_INTERVAL_S, (before, step)
+    assert len(steps) < 30 or min(b - a for a, b in zip(sorted(times.values()), sorted(times.values())[1:])) >= PROGRESS_INTERVAL_S
+    assert sum("eval at step 15/30" in line or "eval at step 30/30" in line for line in lines) == 2
+    assert sum(line.startswith("checkpoint saved checkpoint-") for line in lines) == 2
+    assert lines[-2].startswith("succeeded (train_loss=")
+
+    listed = subprocess.run([*kubetune_cli, "list"], capture_output=True, text=True, timeout=120, env=env).stdout
+    assert any(line.split()[0] == job_id and line.split()[-1] == str(run_dir) for line in listed.splitlines() if line.strip()), listed
+    assert "…" not in listed and "..." not in listed
+    status = subprocess.run([*kubetune_cli, "status", job_id], capture_output=True, text=True, timeout=120, env=env).stdout
+    times_shown = dict(line.split(None, 1) for line in status.splitlines() if line.split()[0].endswith("_at"))
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d"
+    assert re.fullmatch(stamp, times_shown["created_at"]), status
+    assert re.fullmatch(stamp + r" \(took (\d+m)?\d+s\)", times_shown["finished_at"]), status
+
+
+def test_plain_progress_prints_a_tenth_of_a_long_run():
+    """680 steps (the quickstart's), 0.05 s apart: about ten progress lines, the first and the last step, and every
+    evaluation, checkpoint and warning; steps 10 s apart: every one (a line at most every few seconds)."""
+    from rich.text import Text
+
+    from kubetune.cli._output import PROGRESS_INTERVAL_S, PlainProgress
+    from kubetune.events import make_event
+
+    def step(n: int, total: int, t: float) -> dict:
+        ev = make_event("metrics", f"step {n}/{total} loss=1.0000", step=n, total_steps=total, loss=1.0, tokens_per_second=900.0, eta_seconds=65)
+        ev["time"] = t
+        return ev
+
+    progress = PlainProgress()
+    out = []
+    for n in range(1, 681):
+        out += progress.lines(step(n, 680, 1000 + n * 0.05))
+        if n == 200:
+            out += progress.lines(make_event("checkpoint", "saved checkpoint-200"))
+            out += progress.lines(make_event("metrics", "eval_loss=0.6000 perplexity=1.82", step=200, total_steps=680, eval_loss=0.6))
+            out += progress.lines(make_event("warning", "the gradient norm has been 0 [for 5 steps]"))
+    out = [Text.from_markup(line).plain for line in out]  # as printed
+    steps = [line for line in out if "step " in line and "loss=1.0000" in line]
+    assert 10 <= len(steps) <= 12
+    assert steps[0] == "  step 1/680 loss=1.0000 900 tok/s eta 1m05s" and steps[-1].startswith("  step 680/680 ")
+    assert "checkpoint saved checkpoint-200" in out and "  eval at step 200/680: eval_loss=0.6000 perplexity=1.82" in out
+    assert "warning the gradient norm has been 0 [for 5 steps]" in out  # shown as written, not taken for markup
+
+    slow = PlainProgress()
+    printed = [line for n in range(1, 51) for line in slow.lines(step(n, 5000, n * (PROGRESS_INTERVAL_S + 1)))]
+    assert len(printed) == 50
+    stopped = PlainProgress()
+    for n in range(1, 6):
+        stopped.lines(step(n, 680, n * 0.1))
+    assert stopped.end() == ["  step 5/680 loss=1.0000 900 tok/s eta 1m05s"]  # the job ended early: its last step
+
+
+def test_run_help_is_plain_and_says_how_resume_and_ctrl_c_work(kubetune_cli):
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    r = subprocess.run([*kubetune_cli, "run", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.replace("│", " ").split())
+    for label in ("<bool>", "<list[str]>", "<str>", "<path>", "{spec}"):
+        assert label not in r.stdout, label
+    assert "run [OPTIONS] SPEC" in text and "--set KEY=VALUE" in text and "--backend -b BACKEND" in text
+    assert "resumes" in text and "newest complete one" in text and "nothing to do" in text and "--restart starts over" in text
+    assert "Ctrl-C cancels the job" in text and "without saving" in text and "SIGTERM or SIGHUP" in text

@@ -208,3 +208,61 @@ def test_a_status_dir_in_place_of_status_json_is_reported_not_crashed(finished, 
     r = _cli(kubetune_cli, "list")
     assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     shutil.rmtree(run / C.STATUS_FILE)
+
+
+def test_each_job_in_one_run_directory_keeps_its_own_status_and_log(finished, kubetune_cli, tmp_path):
+    """Issue 22: reruns of a spec share its output.dir; `status`/`logs`/`cancel` of an earlier job id concern that job,
+    the run directory (or the newest id) the newest job, and `logs --all` shows every job under its own header."""
+    f, run = finished
+    first = RunDir(run).read_status().job_id
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"messages": [oops\n')
+    failed = _cli(kubetune_cli, "run", str(f), "--restart", "--set", f"dataset.source={bad}", "--set", "dataset.eval_split=0")
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    second = RunDir(run).read_status().job_id
+    assert second != first
+
+    old = _cli(kubetune_cli, "status", first)
+    assert old.returncode == 0, old.stderr
+    assert "state succeeded" in " ".join(old.stdout.split()) and f"job_id {first}" in " ".join(old.stdout.split())
+    assert "bad.jsonl" not in old.stdout
+    raw = json.loads(_cli(kubetune_cli, "status", first, "--json").stdout)
+    assert raw["state"] == C.STATE_SUCCEEDED and raw["step"] == raw["total_steps"] == 2
+    assert isinstance(raw["created_at"], float) and raw["created_at"] < raw["finished_at"]
+    for key in (second, str(run)):  # the newest id and the run directory: the newest job, as before
+        newest = json.loads(_cli(kubetune_cli, "status", key, "--json").stdout)
+        assert newest["job_id"] == second and newest["state"] == C.STATE_FAILED and f"{bad}:2" in newest["reason"]
+    listed = _cli(kubetune_cli, "list").stdout
+    rows = {line.split()[0]: line.split()[1] for line in listed.splitlines() if line.split() and line.split()[0] in (first, second)}
+    assert rows == {first: C.STATE_SUCCEEDED, second: C.STATE_FAILED}, listed
+
+    header = C.LOG_JOB_HEADER_PREFIX
+    old_log = _cli(kubetune_cli, "logs", first).stdout.splitlines()
+    assert old_log[0].startswith(f"{header}{first} ") and any("step 2/2" in line for line in old_log)
+    assert not any(second in line or "bad.jsonl" in line for line in old_log)
+    new_log = _cli(kubetune_cli, "logs", str(run)).stdout.splitlines()
+    assert new_log[0].startswith(f"{header}{second} ") and not any(first in line or "step 2/2" in line for line in new_log)
+    every = _cli(kubetune_cli, "logs", str(run), "--all").stdout.splitlines()
+    headers = [line.split()[3] for line in every if line.startswith(header)]
+    assert headers == [first, second] and every == old_log + new_log
+
+    # a third job runs: cancelling an earlier id leaves it alone, and `logs -f` follows its part only
+    third = _cli(kubetune_cli, "run", str(f), "--restart", "--detach", "--set", "training.max_steps=5000", "--set", "training.save_steps=1000")
+    assert third.returncode == 0, third.stdout + third.stderr
+    third_id = third.stdout.strip()
+    follow = subprocess.Popen([*kubetune_cli, "logs", "-f", third_id], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        cancel_old = _cli(kubetune_cli, "cancel", first)
+        assert cancel_old.returncode == 0 and f"{first}: succeeded" in cancel_old.stdout
+        deadline = time.time() + 180
+        while RunDir(run).read_status().stage != C.STAGE_TRAIN and time.time() < deadline:
+            time.sleep(0.3)
+        assert RunDir(run).read_status().state == C.STATE_RUNNING
+        assert _cli(kubetune_cli, "cancel", third_id).returncode == 0
+        followed = follow.communicate(timeout=60)[0].splitlines()
+    finally:
+        follow.kill()
+    assert follow.returncode == 0
+    assert followed[0].startswith(f"{header}{third_id} ") and "[kubetune] training" in followed
+    assert not any(first in line or second in line for line in followed)
+    assert json.loads(_cli(kubetune_cli, "status", first, "--json").stdout)["state"] == C.STATE_SUCCEEDED

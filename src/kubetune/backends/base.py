@@ -60,8 +60,13 @@ class Backend(Protocol):
         """Every event the job has recorded so far (see :func:`kubetune.events.make_event`), oldest first."""
         ...
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
-        """The worker's log lines; with ``follow``, keep yielding until the job ends."""
+    def logs(self, ref: JobRef, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
+        """The job's worker log lines; with ``follow``, keep yielding until the job ends.
+
+        Where several jobs share one log (local runs of one spec share its run directory), only this job's part;
+        ``all_runs`` yields the earlier jobs' parts too, each after a header line naming its job id. A backend
+        whose jobs each have a log of their own ignores ``all_runs``.
+        """
         ...
 
     def cancel(self, ref: JobRef) -> None:

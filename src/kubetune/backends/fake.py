@@ -83,7 +83,7 @@ class FakeBackend:
         """Every event so far."""
         return list(self._get(ref).events)
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
+    def logs(self, ref: JobRef, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
         """One line per event; with ``follow``, the job is driven to its end first."""
         entry = self._get(ref)
         if follow:

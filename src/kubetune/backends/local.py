@@ -8,6 +8,10 @@ The run directory's spec.yaml is the redacted spec (for people and for output.ur
 real one, credentials in its URIs included, in its environment (``$KUBETUNE_WORKER_SPEC``, see
 :func:`kubetune.backends._process.worker_env`): never written to disk, gone with the process, inherited by torchrun's workers.
 
+Several submissions of one spec share its run directory. The backend writes a header line naming the job id into
+logs/worker.log before each worker starts, so ``status``, ``logs`` and ``cancel`` of an earlier job id concern
+that job only (its events' and its log's part, :mod:`kubetune.backends._history`), never the newest one.
+
 Both :meth:`LocalBackend.cancel` and :meth:`LocalBackend.preempt` send the group SIGTERM; a cancel first
 leaves ``CANCEL_REQUESTED`` in the run directory, so the worker leaves at once (``cancelled``) instead of
 saving a checkpoint first (``preempted``, see :mod:`kubetune.preemption`).
@@ -32,6 +36,7 @@ from ..preemption import request_cancel
 from ..spec import TuneJob, dump_spec
 from ..worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from .base import JobRef
+from ._history import earlier_status, is_earlier, job_log, log_has_header, log_header
 from ._process import alive as _alive, kill_group as _kill_group, new_job_id, registry_entries, tail as _tail, worker_env
 
 __all__ = ["LocalBackend"]
@@ -86,6 +91,8 @@ class LocalBackend:
         cmd = _worker_command(job, run)
         log = open(run.worker_log, "ab")
         try:
+            log.write((log_header(job_id) + "\n").encode())  # logs/worker.log is appended per job: where this one's begins
+            log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True, pass_fds=(lock.fd,))
         except OSError as e:
@@ -113,11 +120,17 @@ class LocalBackend:
 
     # -- follow ------------------------------------------------------------------------------
     def status(self, ref: JobRef) -> JobStatus:
-        """The job's status from its run directory; a worker that died without recording its end is marked failed."""
+        """The job's status from its run directory; a worker that died without recording its end is marked failed.
+
+        status.json holds the newest job in the directory; an earlier job's final status is folded from its
+        own events in events.jsonl.
+        """
         run = self._run(ref)
         st = run.read_status()
         if st is None:
             raise JobNotFound(f"job {ref.id}: no status in {run.path}")
+        if is_earlier(ref.id, st):
+            return earlier_status(run, ref.id, st, name=ref.name or None, backend=self.name)
         pid = st.pid or (st.extra or {}).get("worker_pid")
         if st.state == C.STATE_PENDING and not pid and time.time() - (st.updated_at or st.created_at or time.time()) > C.LOCAL_START_GRACE_S:
             return _record_end(run, st, C.REASON_NEVER_STARTED)
@@ -138,9 +151,16 @@ class LocalBackend:
         """Every event in the run directory's events.jsonl (earlier submissions' included)."""
         return self._run(ref).read_events()
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
-        """The worker's log lines; ``follow`` keeps reading until the job ends."""
+    def logs(self, ref: JobRef, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
+        """The job's part of logs/worker.log, from its header line; ``follow`` keeps reading until the job ends.
+
+        ``all_runs``: the whole log, every earlier job's part too, each after its header line.
+        """
         run = self._run(ref)
+        own = log_has_header(run.worker_log, ref.id)
+        return job_log(self._log_lines(ref, run, follow), ref.id, own_header=own, all_runs=all_runs)
+
+    def _log_lines(self, ref: JobRef, run: RunDir, follow: bool) -> Iterator[str]:
         path = run.worker_log
         pos = 0
         while True:
@@ -163,7 +183,7 @@ class LocalBackend:
         """Stop the job's worker (its whole process group) and record ``cancelled``; nothing is saved."""
         run = self._run(ref)
         st = run.read_status()
-        if st is None or st.terminal:
+        if st is None or st.terminal or is_earlier(ref.id, st):  # an earlier job in the directory has ended
             return
         pid = st.pid
         if pid:
@@ -181,6 +201,8 @@ class LocalBackend:
         """
         run = self._run(ref)
         st = run.read_status()
+        if st is not None and is_earlier(ref.id, st):
+            return self.status(ref)  # an earlier job in the directory has ended
         if st is None or st.terminal:
             return st
         if st.pid:

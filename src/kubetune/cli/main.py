@@ -20,6 +20,7 @@ import typer
 from .. import constants as C
 from ..errors import KubetuneError
 from ..events import EventType
+from ._output import PlainHelpCommand, PlainProgress, console as _output_console, duration, event_text, eval_text
 
 app = typer.Typer(
     name="kubetune",
@@ -32,6 +33,7 @@ app = typer.Typer(
 
 _SET_HELP = "Override a spec field, e.g. --set training.learning_rate=1e-4 (repeatable)."
 _BACKEND_HELP = "Where the job runs: local, kubernetes or kfp."
+_JOB_HELP = "Job id, name (its newest job) or run directory (the newest job there)."
 
 
 @app.callback()
@@ -52,17 +54,16 @@ def _warn_spec(job) -> None:
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False)
+    """A rich Console for this command's output; outside a terminal it never wraps or truncates a line."""
+    return _output_console(stderr)
 
 
 # --- spec ------------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def validate(
-    spec: Path = typer.Argument(..., help="Job spec YAML."),
-    set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
-    output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Job spec YAML."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    output: str = typer.Option("yaml", "-o", "--output", metavar="FORMAT", help="yaml or json"),
     sources: bool = typer.Option(True, "--sources/--no-sources", help="Note after each YAML value where it came from (spec, preset NAME, default)."),
     check_local_: bool = typer.Option(
         True, "--check-local/--no-check-local",
@@ -91,7 +92,7 @@ def validate(
     )
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def schema() -> None:
     """Print the JSON Schema of the job spec (for editor completion)."""
     from ..spec import TuneJob
@@ -100,18 +101,22 @@ def schema() -> None:
 
 
 # --- running and following jobs ----------------------------------------------------------------
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def run(
-    spec: Path = typer.Argument(..., help="Job spec YAML."),
-    set_: List[str] = typer.Option([], "--set", help=_SET_HELP),
-    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once."),
-    mode: Optional[str] = typer.Option(None, "--mode", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
-    restart: bool = typer.Option(False, "--restart", help="Start over in output.dir: ignore its checkpoints and replace a finished run there (sets training.resume=never)."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Job spec YAML."),
+    set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once; the job runs on (kubetune status/logs/cancel JOB)."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="MODE", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
+    restart: bool = typer.Option(False, "--restart", help="Start over in output.dir: remove its checkpoints and replace a finished run there (sets training.resume=never)."),
 ) -> None:
-    """Run a job and follow it until it ends (exit code 0 on success).
+    """Run a job and follow it until it ends (exit code 0 on success, 2 for a mistake in the spec or data, 1 otherwise).
 
-    A run directory with checkpoints resumes from the newest; one that holds a finished run of the same spec has nothing to do (exit 0); a finished run of another spec is refused (exit 2) unless --restart.
+    Rerunning a spec resumes: when output.dir holds checkpoints, training continues from the newest complete one. When it holds a finished run of the same spec there is nothing to do (exit 0); a finished run of another spec is refused (exit 2). --restart starts over from step 0.
+
+    Ctrl-C cancels the job (state cancelled, exit 130): the worker stops at once without saving, so a rerun resumes from the last checkpoint saved every training.save_steps. SIGTERM or SIGHUP (a closed terminal) stop it as a preemption instead: it saves a checkpoint first (state preempted). After --detach, Ctrl-C no longer reaches the job: kubetune cancel JOB stops it.
+
+    In a terminal progress is a live bar; in a pipe or CI it is a line every few seconds or every tenth of the steps.
     """
     from ..client import Client
     from ..spec import load_spec
@@ -233,19 +238,20 @@ def _read_result(ref) -> dict | None:
 
 
 def _follow(client, ref, out):
-    """Show live progress until the job ends; returns the final status."""
-    from rich.live import Live
-
+    """Show the job's progress until it ends (a live bar in a terminal, lines otherwise); returns the final status."""
     events = client.events(ref)
     starts = [i for i, ev in enumerate(events) if ev.get("type") == EventType.STATE and (ev.get("data") or {}).get("state") == C.STATE_PENDING]
     seen = starts[-1] if starts else 0  # earlier submissions' events stay in the file as history
-    interactive = out.is_terminal
+    if not out.is_terminal:
+        return _follow_plain(client, ref, out, seen)
+    from rich.live import Live
+
     st = client.status(ref)
-    with Live(_progress_view(st), console=out, refresh_per_second=4, transient=True, auto_refresh=interactive) as live:
+    with Live(_progress_view(st), console=out, refresh_per_second=4, transient=True) as live:
         while True:
             events = client.events(ref)
             for ev in events[seen:]:
-                line = _event_text(ev, verbose=not interactive)
+                line = eval_text(ev) if (ev.get("data") or {}).get("eval_loss") is not None else event_text(ev)
                 if line:
                     live.console.print(line)
             seen = len(events)
@@ -256,23 +262,25 @@ def _follow(client, ref, out):
             time.sleep(0.5)
 
 
-def _event_text(ev: dict, verbose: bool) -> str | None:
-    t, msg = ev.get("type"), ev.get("message", "")
-    if t == "stage":
-        return f"[cyan]stage[/] {msg}"
-    if t in ("checkpoint",):
-        return f"[blue]checkpoint[/] {msg}"
-    if t == "warning":
-        return f"[yellow]warning[/] {msg}"
-    if t == "metrics" and verbose and msg:
-        d = ev.get("data") or {}
-        extra = ""
-        if d.get("tokens_per_second"):
-            extra += f" {d['tokens_per_second']:.0f} tok/s"
-        if d.get("eta_seconds") is not None:
-            extra += f" eta {d['eta_seconds']:.0f}s"
-        return f"  {msg}{extra}"
-    return None
+def _follow_plain(client, ref, out, seen: int):
+    """Outside a terminal: stages, evaluations, checkpoints and warnings, and a progress line every few seconds or
+    every tenth of the steps (:class:`kubetune.cli._output.PlainProgress`), each printed whole on one line."""
+    progress = PlainProgress()
+    while True:
+        events = client.events(ref)
+        for ev in events[seen:]:
+            for line in progress.lines(ev):
+                out.print(line)
+        seen = len(events)
+        st = client.status(ref)
+        if st.terminal:
+            for ev in client.events(ref)[seen:]:  # what was written between the last read and the end
+                for line in progress.lines(ev):
+                    out.print(line)
+            for line in progress.end():
+                out.print(line)
+            return st
+        time.sleep(0.5)
 
 
 def _progress_view(st):
@@ -290,41 +298,51 @@ def _progress_view(st):
     if st.tokens_per_second:
         parts.append(f"{st.tokens_per_second:.0f} tok/s")
     if st.eta_seconds is not None:
-        parts.append(f"ETA {st.eta_seconds:.0f}s")
+        parts.append(f"ETA {duration(st.eta_seconds)}")
     g.add_row(bar, "  ".join(parts))
     return g
 
 
-@app.command("list")
-def list_(backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP)) -> None:
-    """List jobs, newest first."""
-    from rich.table import Table
+@app.command("list", cls=PlainHelpCommand)
+def list_(backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP)) -> None:
+    """List jobs, newest first (in a pipe: every value whole, one job a line)."""
+    from rich.markup import escape
+    from rich.table import Column, Table
 
     from ..client import Client
 
     client = Client(backend)
-    table = Table("JOB", "STATE", "STAGE", "STEP", "LOSS", "RUN DIR", box=None)
+    rows = []
     for ref in client.list():
         try:
             st = client.status(ref)
         except KubetuneError:
             continue
         except Exception as e:  # one damaged run directory must not hide the others
-            table.add_row(ref.id, "unknown", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})")
+            rows.append((ref.id, "unknown", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})"))
             continue
-        table.add_row(ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or "")
+        rows.append((ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or ""))
+    # a job id is never cut: the run directory folds onto more lines instead when the terminal is narrow
+    id_width = max([len("JOB"), *(len(r[0]) for r in rows)])
+    table = Table(Column("JOB", no_wrap=True, min_width=id_width), Column("STATE", no_wrap=True), "STAGE", "STEP", "LOSS",
+                  Column("RUN DIR", overflow="fold"), box=None)
+    for row in rows:
+        table.add_row(*(escape(v) for v in row))
     _console().print(table)
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def status(
-    job: str = typer.Argument(..., help="Job id, name or run directory."),
-    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print status.json as JSON."),
+    job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
+    backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (times as seconds since the epoch)."),
 ) -> None:
-    """Show a job's state, stage and progress."""
+    """Show a job's state, stage, progress and times (an earlier job id: that job's final status)."""
+    from rich.markup import escape
+
     from ..client import Client
     from ..redact import redact_data
+    from ._output import status_rows
 
     st = Client(backend).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
@@ -332,30 +350,29 @@ def status(
         typer.echo(json.dumps(data, indent=2, default=str))
         return
     out = _console()
-    for k, v in data.items():
-        if k in ("extra",):
-            continue
-        out.print(f"[bold]{k:>18}[/] {v}")
+    for k, v in status_rows(data, time.time()):
+        out.print(f"[bold]{k:>18}[/] {escape(v)}")
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def logs(
-    job: str = typer.Argument(..., help="Job id, name or run directory."),
+    job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
-    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+    all_runs: bool = typer.Option(False, "--all", help="Also the earlier jobs' logs in the same run directory, each after a header line naming its job id."),
+    backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
 ) -> None:
-    """Print a job's worker log."""
+    """Print a job's worker log: this job's part only, from the header line naming its id (--all: earlier jobs' too)."""
     from ..client import Client
     from ..redact import redact_text
 
-    for line in Client(backend).logs(job, follow=follow):  # cluster pod logs too: mask whatever they hold
+    for line in Client(backend).logs(job, follow=follow, all_runs=all_runs):  # cluster pod logs too: mask whatever they hold
         typer.echo(redact_text(line))
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def cancel(
-    job: str = typer.Argument(..., help="Job id, name or run directory."),
-    backend: str = typer.Option("local", "--backend", "-b", help=_BACKEND_HELP),
+    job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
+    backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
 ) -> None:
     """Stop a job and every process it started."""
     from ..client import Client
@@ -366,10 +383,10 @@ def cancel(
 
 
 # --- results ---------------------------------------------------------------------------------
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def chat(
     source: str = typer.Argument(
-        f"http://{C.SERVE_HOST}:{C.SERVE_PORT}", help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in this process."
+        f"http://{C.SERVE_HOST}:{C.SERVE_PORT}", metavar="SOURCE", help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in this process."
     ),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Ask once and exit (otherwise interactive)."),
     system: Optional[str] = typer.Option(None, "--system", help="System message."),
@@ -420,9 +437,9 @@ def chat(
         ask(text)
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)
 def merge(
-    run_dir: Path = typer.Argument(..., help="Run directory of a LoRA/QLoRA/DoRA job."),
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="Run directory of a LoRA/QLoRA/DoRA job."),
     base_model: Optional[str] = typer.Option(
         None, "--base-model", help="The base model (a directory or URI; default: the run's model.source). Needed when that "
         "URI carried credentials, which the run's spec.yaml does not keep."

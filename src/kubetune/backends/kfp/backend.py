@@ -160,8 +160,9 @@ class KfpBackend:
         """Every event recorded in the run directory."""
         return self._run(ref).read_events()
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
-        """Local mode: the runner's log (every task's output). Remote: each task pod's log, in pipeline order."""
+    def logs(self, ref: JobRef, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
+        """Local mode: the runner's log (every task's output; every earlier run's in the run directory too, whatever
+        ``all_runs`` says). Remote: each task pod's log, in pipeline order."""
         run = self._run(ref)
         st = run.read_status() or JobStatus()
         if st.extra.get("kfp_mode") == "remote":

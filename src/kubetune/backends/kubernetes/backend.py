@@ -165,8 +165,9 @@ class KubernetesBackend:
         """The worker's events, parsed from the rank-0 pod's log."""
         return self._events_and_pods(self._ref(ref))[0]
 
-    def logs(self, ref: JobRef, follow: bool = False) -> Iterator[str]:
-        """The rank-0 pod's log: its init containers' (prefixed ``[name]``) then the worker's.
+    def logs(self, ref: JobRef, follow: bool = False, all_runs: bool = False) -> Iterator[str]:
+        """The rank-0 pod's log: its init containers' (prefixed ``[name]``) then the worker's (each job has its
+        own pods: ``all_runs`` changes nothing).
 
         With ``follow``, waits for the worker to start and streams until it ends.
         """
