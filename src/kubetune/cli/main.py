@@ -452,16 +452,12 @@ for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep"):  # o
     importlib.import_module(f"{__package__}.{_mod}").register(app)
 
 
-def _quiet_library_notices() -> None:
-    """Hide library notices that say nothing actionable to a kubetune user (``--debug`` keeps them)."""
-    import logging
-    import warnings
-
-    # bitsandbytes' CPU backend logs at import that the optional `kernels` package (kernels fetched from the Hub)
-    # is missing; it falls back to its own kernels, and peft imports bitsandbytes even for plain LoRA.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    # transformers deprecations triggered inside peft/trl, not by anything in the user's spec
-    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+def _interactive() -> bool:
+    """stderr (where library progress bars draw) is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def main() -> None:
@@ -471,7 +467,11 @@ def main() -> None:
     install()
     debug = "--debug" in sys.argv or os.environ.get(C.ENV_DEBUG) == "1"
     if not debug:
-        _quiet_library_notices()
+        from ..quiet import disable_library_progress_bars, quiet_library_notices
+
+        quiet_library_notices()  # library notices a user cannot act on (kubetune's own warnings stay)
+        if not _interactive():
+            disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
     try:
         app()
     except KubetuneError as e:
