@@ -16,12 +16,27 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .. import constants as C
 from ..errors import KubetuneError
 from ..events import EventType
 
+
+class _Commands(TyperGroup):
+    """kubetune's commands. One whose stdout reader went away (``kubetune chat ... | head``, ``kubetune logs -f |
+    grep -m1 ...``) ends quietly with exit code 141, as a shell reports SIGPIPE; click alone would exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _stdout_gone()
+            raise typer.Exit(C.EXIT_BROKEN_PIPE) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="kubetune",
     help="Fine-tune open LLMs from one job spec: locally, on Kubernetes, or as a Kubeflow Pipelines run.",
     no_args_is_help=True,
@@ -54,7 +69,13 @@ def _warn_spec(job) -> None:
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1 at once; kubetune's commands end as for any closed stdout
+            self.quiet = True
+            _stdout_gone()
+            raise BrokenPipeError(32, "stdout was closed by its reader")
+
+    return _Console(stderr=stderr, highlight=False)
 
 
 # --- spec ------------------------------------------------------------------------------------
@@ -149,6 +170,10 @@ def run(
     except _Terminated as e:  # SIGTERM/SIGHUP (killed, terminal closed): the job is preempted, not left running
         _stop_as_preempted(client, ref, out, e.signum)
         raise typer.Exit(128 + e.signum)
+    except BrokenPipeError:  # stdout's reader went away (`| head`): only the following stops (exit 141)
+        with contextlib.suppress(Exception):
+            typer.echo(f"stdout was closed: stopped following {ref.id}, which goes on (kubetune status/logs/cancel {ref.id})", err=True)
+        raise
     if st.state == C.STATE_SUCCEEDED:
         _print_success(ref, out)
         return
@@ -394,11 +419,15 @@ def chat(
 
     def ask(text: str) -> None:
         history.append({"role": "user", "content": text})
-        reply = ""
-        for piece in model.stream(history, max_new_tokens=max_new_tokens, temperature=temperature):
-            reply += piece
-            typer.echo(piece, nl=False)
-        typer.echo("")
+        reply, held = "", ""  # whitespace is held back until visible text follows: a blank reply is named, not printed
+        with contextlib.closing(model.stream(history, max_new_tokens=max_new_tokens, temperature=temperature)) as pieces:
+            for piece in pieces:  # closed on any exit (a closed stdout too): the generation stops with the reader
+                reply += piece
+                held += piece
+                if held.strip():
+                    typer.echo(held, nl=False)
+                    held = ""
+        typer.echo(held if reply.strip() else _blank_reply(reply))
         history.append({"role": "assistant", "content": reply})
 
     if prompt is not None:
@@ -418,6 +447,14 @@ def chat(
             del history[1 if system else 0 :]
             continue
         ask(text)
+
+
+def _blank_reply(reply: str) -> str:
+    """What ``kubetune chat`` shows for a reply with no visible text: ``(empty answer)``, or the whitespace as a repr."""
+    if not reply:
+        return "(empty answer)"
+    shown = repr(reply) if len(reply) <= 40 else repr(reply[:40])[:-1] + "...'"
+    return f"(blank answer: {len(reply)} whitespace character(s), {shown})"
 
 
 @app.command()
@@ -450,6 +487,15 @@ def worker(ctx: typer.Context) -> None:
 # --- commands contributed by other modules (kept light: they import lazily) ------------------------
 for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep"):  # one module per command group
     importlib.import_module(f"{__package__}.{_mod}").register(app)
+
+
+def _stdout_gone() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is buffered cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _interactive() -> bool:
