@@ -66,8 +66,7 @@ def fetch_with_stats(
         with Progress(f"fetch {loc.safe}", enabled=progress) as bar:
             result = _fetch_remote(loc, target, stats, bar, sha256=sha256, use_cache=use_cache)
     stats.finish()
-    log.info("fetched %s -> %s (%d bytes in %d files, %.1fs%s)", loc.safe, result, stats.bytes, stats.files,
-             stats.seconds, ", cached" if stats.cached else "")
+    log.info("fetched %s -> %s (%s, %.1fs%s)", loc.safe, result, stats.describe(), stats.seconds, ", cached" if stats.cached else "")
     return result, stats
 
 
@@ -102,7 +101,7 @@ def _fetch_local(loc: Location, dest: Path | None, stats: TransferStats, *, sha2
         copy_tree(path, dest, stats)
         return dest / path.name if path.is_file() else dest
     if dest is not None:
-        return _unpack_into(path, dest, loc)
+        return _unpack_into(path, dest, loc, stats)
     st = path.stat()  # a local archive is unpacked once into the cache, keyed by path, size and time
     entry = CacheEntry(str(path), f"{st.st_size}:{st.st_mtime_ns}")
     with entry.locked():
@@ -112,7 +111,7 @@ def _fetch_local(loc: Location, dest: Path | None, stats: TransferStats, *, sha2
             return hit
         staging = entry.staging("local")
         try:
-            result = _unpack_into(path, staging / "content", loc)
+            result = _unpack_into(path, staging / "content", loc, stats)
         except BaseException:
             entry.discard(staging)  # nothing to resume: a refused archive leaves the cache as it was
             raise
@@ -199,7 +198,7 @@ def _materialize(loc: Location, remote, into: Path, stats: TransferStats, bar: P
             result.replace(moved)
             result = moved
         try:
-            out = _unpack_into(result, into, loc)
+            out = _unpack_into(result, into, loc, stats)
         except archive.ArchiveError:
             shutil.rmtree(into / _DOWNLOAD_DIR, ignore_errors=True)  # refused: nothing of it is kept
             raise
@@ -216,12 +215,13 @@ def _names_single_archive(loc: Location, remote) -> bool:
     return False
 
 
-def _unpack_into(archive_file: Path, dest: Path, loc: Location) -> Path:
-    """Unpack safely into ``dest`` (all or nothing: a refused archive leaves ``dest`` as it was).
+def _unpack_into(archive_file: Path, dest: Path, loc: Location, stats: TransferStats) -> Path:
+    """Unpack safely into ``dest`` (all or nothing: a refused archive leaves ``dest`` as it was), counting what it
+    put there in ``stats``.
 
     Returns ``dest``, or the one folder the archive holds when it holds exactly one (``model/``).
     """
-    names = archive.unpack_members(archive_file, dest, label=loc.uri)
+    names = archive.unpack_members(archive_file, dest, label=loc.uri, stats=stats)
     if len(names) == 1 and (dest / names[0]).is_dir() and not (dest / names[0]).is_symlink():
         return dest / names[0]
     return dest
