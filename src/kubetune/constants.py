@@ -16,6 +16,10 @@ ENV_WORKER_SPEC = "KUBETUNE_WORKER_SPEC"
 REDACTED = "***"  # what a credential is replaced with wherever kubetune shows, logs or saves it
 ENV_PREEMPT_FILE = "KUBETUNE_PREEMPT_FILE"  # set by kubetune's launcher: this file exists once the launcher was preempted
 
+# A command whose stdout was closed by its reader (`kubetune chat ... | head`) ends quietly with this code, what a
+# shell reports for a process ended by SIGPIPE (128 + 13).
+EXIT_BROKEN_PIPE = 141
+
 # --- the run directory (DESIGN.md section 3) -------------------------------------------------
 SPEC_FILE = "spec.yaml"  # resolved spec, secrets redacted
 STATUS_FILE = "status.json"  # current state, stage, progress

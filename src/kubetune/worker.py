@@ -332,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     from .redact import install
 
     install(stdout=True, stderr=True)  # logs/worker.log: no credential from any print, traceback or logger
+    from .quiet import disable_library_progress_bars, quiet_library_notices
+
+    quiet_library_notices()  # worker.log holds kubetune's lines and warnings, not library notices
+    disable_library_progress_bars()  # nor tqdm bars (kubetune's progress events say the same)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         job = load_spec(_spec_from_env() if a.spec_from_env else a.spec, a.overrides)

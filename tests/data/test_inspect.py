@@ -55,6 +55,21 @@ def test_json_report(tmp_path):
     assert rep["example"]["where"] == f"{src}:1"
 
 
+def test_an_archive_is_inspected_like_the_file_inside(tmp_path):
+    import tarfile
+    from pathlib import Path
+
+    capitals = Path(__file__).resolve().parents[2] / "examples" / "data" / "capitals.jsonl"
+    arc = tmp_path / "capitals.tar.gz"
+    with tarfile.open(arc, "w:gz") as tf:
+        tf.add(capitals, arcname="capitals.jsonl")
+    out = run_cli(arc, "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert (rep["format"], rep["files"], rep["rows"], rep["bad_rows"]) == ("messages", 1, 300, 0)
+    assert rep["example"]["where"].endswith("/capitals.jsonl:1")
+
+
 def test_text_report(tmp_path):
     src = write_rows(tmp_path / "rows.jsonl", [GOOD] * 3)
     out = run_cli(src)

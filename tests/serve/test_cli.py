@@ -106,3 +106,39 @@ def test_chat_with_a_run_directory_in_process_agrees_with_the_server(artifacts, 
     r = subprocess.run([*kubetune_cli, "chat", str(artifacts.run), "-p", "Hi", "--max-new-tokens", "8"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"> Hi\n{want.choices[0].message.content}\n"
+
+
+def test_chat_ends_quietly_when_its_reader_goes_away(artifacts, kubetune_cli):
+    """`kubetune chat RUN -p ... | head -1`: the reader closes the pipe while the model is still generating in its
+    thread; the generation stops with it and the command ends with 141 (what a shell reports for SIGPIPE), not
+    with a C++ "terminate called without an active exception" abort (134) or a traceback."""
+    proc = subprocess.Popen([*kubetune_cli, "chat", str(artifacts.run), "-p", "Hi", "--max-new-tokens", "400"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "> Hi\n"
+        proc.stdout.close()  # what `head -1` does once it has its line
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 141, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "terminate called" not in err and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_blank_answer_is_shown_as_such(kubetune_cli):
+    """The quickstart's "before" question to the untrained builtin model: its reply is whitespace only, which used
+    to print as a dozen blank lines; it is named instead."""
+    r = subprocess.run([*kubetune_cli, "chat", "builtin://tiny-chat", "-p", "What is the capital of France?", "--max-new-tokens", "12"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    first, answer, rest = r.stdout.split("\n", 2)
+    assert first == "> What is the capital of France?" and rest == "", r.stdout
+    assert answer.startswith(("(blank answer: ", "(empty answer)")), r.stdout
+
+
+def test_blank_replies_are_named():
+    from kubetune.cli.main import _blank_reply
+
+    assert _blank_reply("") == "(empty answer)"
+    assert _blank_reply("\n\n ") == "(blank answer: 3 whitespace character(s), '\\n\\n ')"
+    assert _blank_reply("\n" * 100) == "(blank answer: 100 whitespace character(s), '" + "\\n" * 40 + "...')"

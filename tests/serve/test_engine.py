@@ -64,6 +64,18 @@ def test_greedy_output_equals_transformers_generate(engine):
     assert "".join(o.text for o in out) == engine.tokenizer.decode(ref[0, len(ids) :], skip_special_tokens=True)
 
 
+def test_the_kv_cache_goes_under_the_name_the_model_takes(engine):
+    """transformers 5 renamed the forward's past_key_values to cache, and warns at every call that uses the old name
+    (a FutureWarning per call site, a log line): the engine uses the name the loaded model declares."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (out,) = _run(engine.engine, [EngineRequest(_ids(engine, "Hi"), SamplingParams(max_tokens=6), None, adapter="a")])
+    assert out[-1].finish_reason == "length"
+    assert [str(w.message) for w in seen if "past_key_values" in str(w.message)] == []
+
+
 def test_a_failing_batch_fails_its_requests_and_the_engine_keeps_serving(engine):
     bad = EngineRequest([10**7], SamplingParams(max_tokens=3), None)  # no such token: the forward pass raises
     (out,) = _run(engine.engine, [bad])

@@ -33,6 +33,32 @@ def test_merged_or_full_run_serves_that_model_alone(artifacts, tmp_path, artifac
     assert plan.model_dir == run / artifact and plan.model_ids == ["full-job"] and plan.adapters == ()
 
 
+def test_an_adapter_is_not_stacked_silently_on_a_runs_merged_model(artifacts, tmp_path, kubetune_cli):
+    """`kubetune serve RUN --adapter X` where RUN holds merged/ (base + its adapter): X was trained on the base, so
+    serving it on the merged weights is refused, naming both ways out; naming merged/ itself is a choice."""
+    import subprocess
+
+    from kubetune.spec import dump_spec, load_spec
+
+    run = make_run(tmp_path / "run", artifacts.alpha, name="merged-job")
+    shutil.copytree(artifacts.base, run / "merged")
+    with pytest.raises(SpecError) as e:
+        resolve_sources(str(run), {"beta": str(artifacts.beta)})
+    assert f"--adapter beta={artifacts.beta}" in e.value.message and "merged model" in e.value.message
+    assert f"kubetune serve builtin://tiny-chat --adapter merged-job={run} --adapter beta={artifacts.beta}" in e.value.hint
+    assert f"kubetune serve {run / 'merged'} --adapter beta=" in e.value.hint
+    r = subprocess.run([*kubetune_cli, "serve", str(run), "--adapter", f"beta={artifacts.beta}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "would be stacked on top of it" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # merged/ named as SOURCE: stacking is what the user asked for
+    plan = resolve_sources(str(run / "merged"), {"beta": str(artifacts.beta)})
+    assert plan.model_dir == run / "merged" and plan.model_ids == ["merged", "beta"]
+    # an adapter whose run was trained on this merged model belongs on it
+    on_merged = make_run(tmp_path / "second", artifacts.beta, name="second")
+    job = load_spec(on_merged / "spec.yaml").with_overrides({"model.source": str(run / "merged")})
+    (on_merged / "spec.yaml").write_text(dump_spec(job), encoding="utf-8")
+    assert resolve_sources(str(run), {"second": str(on_merged)}).model_ids == ["merged-job", "second"]
+
+
 def test_unfinished_run_is_refused(artifacts, tmp_path):
     run = make_run(tmp_path / "run", artifacts.alpha, name="pending")
     shutil.rmtree(run / "adapter")

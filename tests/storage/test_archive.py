@@ -155,3 +155,27 @@ def test_push_tar_round_trip_file_uri(tmp_path):
     summary = push(src, f"file://{tmp_path}/store/model.tar.gz", tar=True)
     assert summary["files"] == 1 and (tmp_path / "store" / "model.tar.gz").is_file()
     assert read_tree(fetch(f"file://{tmp_path}/store/model.tar.gz", tmp_path / "out")) == files
+
+
+def test_fetch_reports_what_an_archive_unpacked(http_server, tmp_path):
+    """`kubetune fetch ARCHIVE DEST` says what the archive put in DEST (it used to say "0 B in 0 file(s), nothing
+    to transfer" for a local one); a downloaded one says both what moved and what it unpacked."""
+    import typer
+    from typer.testing import CliRunner
+
+    from kubetune.cli.storage import register
+
+    app = typer.Typer()
+    register(app)
+    files = {f"f{i}.txt": f"file {i}\n".encode() for i in range(1, 7)}
+    arc = pack_tar(make_tree(tmp_path / "m", files), tmp_path / "m.tar.gz")
+    r = CliRunner().invoke(app, ["fetch", str(arc), str(tmp_path / "local"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert read_tree(tmp_path / "local") == files
+    assert f"fetched {arc} -> {tmp_path / 'local'}: unpacked 6 file(s), 42 B, " in r.stderr, r.stderr
+    assert "nothing to transfer" not in r.stderr and "0 file(s)" not in r.stderr, r.stderr
+
+    (http_server.root / "m.tar.gz").write_bytes(arc.read_bytes())
+    r = CliRunner().invoke(app, ["fetch", f"{http_server.url}/m.tar.gz", str(tmp_path / "remote"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"{arc.stat().st_size} B in 1 file(s), unpacked 6 file(s), 42 B, " in r.stderr, r.stderr

@@ -20,11 +20,19 @@ PROGRESS_INTERVAL_S = 5.0
 PROGRESS_FRACTION = 0.1
 
 
-def console(stderr: bool = False):
-    """A rich Console; outside a terminal one that neither wraps nor truncates."""
+def console(stderr: bool = False, on_broken_pipe=None):
+    """A rich Console; outside a terminal one that neither wraps nor truncates. ``on_broken_pipe`` replaces rich's
+    own handling of a closed stdout (which exits 1 at once)."""
     from rich.console import Console
 
-    out = Console(stderr=stderr, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            if on_broken_pipe is None:
+                return super().on_broken_pipe()
+            self.quiet = True
+            on_broken_pipe()
+
+    out = _Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
         out.soft_wrap = True
         out.width = PLAIN_WIDTH

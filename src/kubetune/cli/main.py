@@ -16,13 +16,28 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .. import constants as C
 from ..errors import KubetuneError
 from ..events import EventType
 from ._output import PlainHelpCommand, PlainProgress, console as _output_console, duration, event_text, eval_text
 
+
+class _Commands(TyperGroup):
+    """kubetune's commands. One whose stdout reader went away (``kubetune chat ... | head``, ``kubetune logs -f |
+    grep -m1 ...``) ends quietly with exit code 141, as a shell reports SIGPIPE; click alone would exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _stdout_gone()
+            raise typer.Exit(C.EXIT_BROKEN_PIPE) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="kubetune",
     help="Fine-tune open LLMs from one job spec: locally, on Kubernetes, or as a Kubeflow Pipelines run.",
     no_args_is_help=True,
@@ -55,7 +70,12 @@ def _warn_spec(job) -> None:
 
 def _console(stderr: bool = False):
     """A rich Console for this command's output; outside a terminal it never wraps or truncates a line."""
-    return _output_console(stderr)
+
+    def gone() -> None:  # rich would exit 1 at once; kubetune's commands end as for any closed stdout
+        _stdout_gone()
+        raise BrokenPipeError(32, "stdout was closed by its reader")
+
+    return _output_console(stderr, on_broken_pipe=gone)
 
 
 # --- spec ------------------------------------------------------------------------------------
@@ -154,6 +174,10 @@ def run(
     except _Terminated as e:  # SIGTERM/SIGHUP (killed, terminal closed): the job is preempted, not left running
         _stop_as_preempted(client, ref, out, e.signum)
         raise typer.Exit(128 + e.signum)
+    except BrokenPipeError:  # stdout's reader went away (`| head`): only the following stops (exit 141)
+        with contextlib.suppress(Exception):
+            typer.echo(f"stdout was closed: stopped following {ref.id}, which goes on (kubetune status/logs/cancel {ref.id})", err=True)
+        raise
     if st.state == C.STATE_SUCCEEDED:
         _print_success(ref, out)
         return
@@ -411,11 +435,15 @@ def chat(
 
     def ask(text: str) -> None:
         history.append({"role": "user", "content": text})
-        reply = ""
-        for piece in model.stream(history, max_new_tokens=max_new_tokens, temperature=temperature):
-            reply += piece
-            typer.echo(piece, nl=False)
-        typer.echo("")
+        reply, held = "", ""  # whitespace is held back until visible text follows: a blank reply is named, not printed
+        with contextlib.closing(model.stream(history, max_new_tokens=max_new_tokens, temperature=temperature)) as pieces:
+            for piece in pieces:  # closed on any exit (a closed stdout too): the generation stops with the reader
+                reply += piece
+                held += piece
+                if held.strip():
+                    typer.echo(held, nl=False)
+                    held = ""
+        typer.echo(held if reply.strip() else _blank_reply(reply))
         history.append({"role": "assistant", "content": reply})
 
     if prompt is not None:
@@ -435,6 +463,14 @@ def chat(
             del history[1 if system else 0 :]
             continue
         ask(text)
+
+
+def _blank_reply(reply: str) -> str:
+    """What ``kubetune chat`` shows for a reply with no visible text: ``(empty answer)``, or the whitespace as a repr."""
+    if not reply:
+        return "(empty answer)"
+    shown = repr(reply) if len(reply) <= 40 else repr(reply[:40])[:-1] + "...'"
+    return f"(blank answer: {len(reply)} whitespace character(s), {shown})"
 
 
 @app.command(cls=PlainHelpCommand)
@@ -469,16 +505,21 @@ for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep"):  # o
     importlib.import_module(f"{__package__}.{_mod}").register(app)
 
 
-def _quiet_library_notices() -> None:
-    """Hide library notices that say nothing actionable to a kubetune user (``--debug`` keeps them)."""
-    import logging
-    import warnings
+def _stdout_gone() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is buffered cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
-    # bitsandbytes' CPU backend logs at import that the optional `kernels` package (kernels fetched from the Hub)
-    # is missing; it falls back to its own kernels, and peft imports bitsandbytes even for plain LoRA.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    # transformers deprecations triggered inside peft/trl, not by anything in the user's spec
-    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+
+def _interactive() -> bool:
+    """stderr (where library progress bars draw) is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def main() -> None:
@@ -488,7 +529,11 @@ def main() -> None:
     install()
     debug = "--debug" in sys.argv or os.environ.get(C.ENV_DEBUG) == "1"
     if not debug:
-        _quiet_library_notices()
+        from ..quiet import disable_library_progress_bars, quiet_library_notices
+
+        quiet_library_notices()  # library notices a user cannot act on (kubetune's own warnings stay)
+        if not _interactive():
+            disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
     try:
         app()
     except KubetuneError as e:

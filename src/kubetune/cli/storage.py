@@ -90,12 +90,17 @@ def push(
 
 
 def _summary(head: str, s: dict, note: str) -> None:
-    if not s["bytes"]:
-        rate = "nothing to transfer"
-    else:
-        rate = f"{_human(s['bytes_per_second'])}/s" if s["seconds"] > 0 else "instant"
+    unpacked = s.get("unpacked_files") or 0
+    bits = [f"{_human(s['bytes'])} in {s['files']} file(s)"] if s["bytes"] or s["files"] or not unpacked else []
+    if unpacked:  # a local archive moves nothing but is unpacked: say what it put in place
+        bits.append(f"unpacked {unpacked} file(s), {_human(s.get('unpacked_bytes') or 0)}")
+    bits.append(f"{s['seconds']:.1f}s")
+    if s["bytes"]:
+        bits.append(f"{_human(s['bytes_per_second'])}/s" if s["seconds"] > 0 else "instant")
+    elif not unpacked:
+        bits.append("nothing to transfer")
     cached = " (cache hit)" if s.get("cached") else ""
-    typer.echo(f"{head}{cached}: {_human(s['bytes'])} in {s['files']} file(s), {s['seconds']:.1f}s, {rate}{note}", err=True)
+    typer.echo(f"{head}{cached}: {', '.join(bits)}{note}", err=True)
 
 
 def _human(n: float) -> str:

@@ -138,6 +138,7 @@ class TransformersEngine:
         self.tokens_per_second = 0.0  # the decode pace now (moving average), for Retry-After estimates
         self._last_step = 0.0
         self.on_preempt: Callable[[], None] | None = None  # metrics hook
+        self._cache_arg = _cache_argument(model)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -368,15 +369,15 @@ class TransformersEngine:
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 position_ids=positions.to(self.device),
-                past_key_values=cache if cache is not None else DynamicCache(),
                 use_cache=True,
+                **{self._cache_arg: cache if cache is not None else DynamicCache()},
                 **kw,
             )
         n = len(rows)
         self.max_rows_seen = max(self.max_rows_seen, n)
         if self.on_step is not None:
             self.on_step(n)
-        return out.logits, out.past_key_values
+        return out.logits, getattr(out, self._cache_arg)
 
     def _adapters(self, rows: list["_Row"], kw: dict):
         """Choose the adapters of this forward: one set_adapter when the batch agrees, else per row."""
@@ -399,6 +400,20 @@ class TransformersEngine:
 # --- per-request state ---------------------------------------------------------------------------
 class _PrefillError(Exception):
     """The forward pass of a prefill failed (the cause is chained); nothing was delivered to its rows yet."""
+
+
+def _cache_argument(model: Any) -> str:
+    """The name under which the model's forward takes and returns its KV cache: ``cache`` (transformers 5.x
+    renamed it, and warns on every call that uses the old name) or ``past_key_values`` (earlier versions,
+    remote-code models)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model passes kwargs on
+    try:
+        params = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 
 
 class _Row:

@@ -34,11 +34,21 @@ class ChatModel:
         return "".join(self.stream(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed))
 
     def stream(self, messages: list[dict], *, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[str]:
-        """Yield the reply piece by piece as it is generated."""
+        """Yield the reply piece by piece as it is generated.
+
+        Generation runs in a thread; closing the generator early (the reader went away: a closed pipe, Ctrl-C)
+        stops it at the next token and waits for it, so no thread is left inside torch when the process exits.
+        """
         import threading
 
         import torch
-        from transformers import TextIteratorStreamer
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        stop = threading.Event()
+
+        class _Stop(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
 
         tok = self.tokenizer
         enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -46,15 +56,19 @@ class ChatModel:
         if seed is not None:
             torch.manual_seed(seed)
         streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
-        kwargs = dict(**enc, max_new_tokens=max_new_tokens, streamer=streamer, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        kwargs = dict(**enc, max_new_tokens=max_new_tokens, streamer=streamer, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      stopping_criteria=StoppingCriteriaList([_Stop()]))
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
         else:
             kwargs.update(do_sample=False)
         t = threading.Thread(target=self.model.generate, kwargs=kwargs, daemon=True)
         t.start()
-        yield from streamer
-        t.join()
+        try:
+            yield from streamer
+        finally:
+            stop.set()
+            t.join()
 
 
 def load_chat_model(source: str | os.PathLike) -> ChatModel:

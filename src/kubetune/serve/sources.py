@@ -104,6 +104,7 @@ def resolve_sources(source: str | os.PathLike, adapters: dict[str, str] | None =
     extra = []
     for name, uri in (adapters or {}).items():
         extra.append(_resolve_adapter(name, uri))
+    _refuse_stacking_on_merged(plan, extra)
     plan = ServePlan(**{**plan.__dict__, "adapters": plan.adapters + tuple(extra), "source": redact_uri(plan.source),
                         "base_uri": redact_uri(plan.base_uri) if plan.base_uri else None})
     _check_names(plan)
@@ -187,6 +188,36 @@ def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
         base_uri=job.model.source,
         trust_remote_code=job.model.trust_remote_code,
     )
+
+
+def _refuse_stacking_on_merged(plan: ServePlan, extra: list[ServedAdapter]) -> None:
+    """A run directory serves its merged/ model: base model + the run's adapter. An --adapter trained on the base
+    model would silently act on that merged model instead (the run's adapter applied twice, or two adapters
+    mixed); only one trained on merged/ itself belongs there.
+
+    Raises:
+        SpecError: such an adapter, naming it and what to serve instead.
+    """
+    run = plan.model_dir.parent
+    if not extra or plan.model_dir.name != C.MERGED_DIR or not (run / C.SPEC_FILE).is_file():
+        return
+    merged = plan.model_dir.resolve()
+    if "://" not in plan.source and Path(plan.source).expanduser().resolve() == merged:
+        return  # merged/ named on purpose: a model directory like any other
+    from ..spec import load_spec
+
+    base = load_spec(run / C.SPEC_FILE).model.source
+    for a in extra:
+        on_merged = a.base_model is not None and "://" not in a.base_model and Path(a.base_model).expanduser().resolve() == merged
+        if not on_merged:
+            trained_on = f"trained on {a.base_model}" if a.base_model else "whose base model is not recorded"
+            raise SpecError(
+                f"--adapter {a.name}={a.uri}: {plan.source} serves its merged model ({plan.model_dir}: the base model with "
+                f"the run's adapter merged in), and this adapter ({trained_on}) would be stacked on top of it",
+                hint=f"serve the base model with both adapters on it: kubetune serve {base} --adapter {plan.model_name}="
+                f"{plan.source} --adapter {a.name}={a.uri}; or, to stack it on the merged model on purpose, name that "
+                f"directory: kubetune serve {plan.model_dir} --adapter {a.name}={a.uri}",
+            )
 
 
 def _plan(source: str, model_dir: Path, name: str, *, trust: bool = False, base_uri: str | None = None) -> ServePlan:

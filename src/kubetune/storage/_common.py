@@ -30,6 +30,8 @@ class TransferStats:
     bytes: int = 0
     files: int = 0
     skipped_bytes: int = 0
+    unpacked_files: int = 0
+    unpacked_bytes: int = 0
     cached: bool = False
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
@@ -45,6 +47,18 @@ class TransferStats:
         """Bytes that needed no transfer (already present, cached, deduplicated)."""
         with self._lock:
             self.skipped_bytes += nbytes
+
+    def unpacked(self, files: int, nbytes: int) -> None:
+        """Count what unpacking an archive put in place (files and their bytes)."""
+        with self._lock:
+            self.unpacked_files += files
+            self.unpacked_bytes += nbytes
+
+    def describe(self) -> str:
+        """One phrase for logs and summaries: what moved, what was unpacked, or that nothing had to move."""
+        moved = f"{human_bytes(self.bytes)} in {self.files} file(s)" if self.bytes or self.files else ""
+        unpacked = f"unpacked {self.unpacked_files} file(s), {human_bytes(self.unpacked_bytes)}" if self.unpacked_files else ""
+        return ", ".join(p for p in (moved, unpacked) if p) or "nothing to transfer"
 
     def finish(self) -> "TransferStats":
         """Stop the clock."""
@@ -65,6 +79,8 @@ class TransferStats:
             "seconds": self.seconds,
             "bytes_per_second": round(self.throughput, 1),
             "skipped_bytes": self.skipped_bytes,
+            "unpacked_files": self.unpacked_files,
+            "unpacked_bytes": self.unpacked_bytes,
             "cached": self.cached,
         }
 

@@ -37,7 +37,7 @@ from typing import BinaryIO, Iterator, NoReturn
 
 from .. import constants as C
 from ..errors import SourceError
-from ._common import human_bytes, missing_dirs, remove_empty_dirs
+from ._common import TransferStats, human_bytes, missing_dirs, remove_empty_dirs
 from .uri import archive_kind, redact
 
 __all__ = ["unpack", "unpack_members", "unpack_fetched", "merge_into", "pack_tar", "ArchiveError", "UnsafeArchive", "limits"]
@@ -107,8 +107,10 @@ def unpack(archive: Path, dest: Path, *, label: str | None = None, kind: str | N
     return dest
 
 
-def unpack_members(archive: Path, dest: Path, *, label: str | None = None, kind: str | None = None) -> list[str]:
-    """:func:`unpack`, returning the names of the top-level entries the archive put into ``dest``."""
+def unpack_members(archive: Path, dest: Path, *, label: str | None = None, kind: str | None = None,
+                   stats: TransferStats | None = None) -> list[str]:
+    """:func:`unpack`, returning the names of the top-level entries the archive put into ``dest``; ``stats``
+    counts the files it unpacked and their bytes (:meth:`TransferStats.unpacked`)."""
     archive, dest = Path(archive), Path(dest)
     label = redact(label or str(archive))
     kind = kind or archive_kind(archive.name) or ("zip" if zipfile.is_zipfile(archive) else "tar")
@@ -121,6 +123,9 @@ def unpack_members(archive: Path, dest: Path, *, label: str | None = None, kind:
         guard = _Guard(work, label, archive.stat().st_size)
         _extract(archive, kind, guard)
         guard.check_tree()
+        if stats is not None:
+            sizes = [st.st_size for _, st in _walk(guard.root) if stat.S_ISREG(st.st_mode)]
+            stats.unpacked(len(sizes), sum(sizes))
         names = sorted(os.listdir(work))
         merge_into(work, dest, label=label)
     except BaseException as e:
@@ -136,10 +141,10 @@ def unpack_members(archive: Path, dest: Path, *, label: str | None = None, kind:
     return names
 
 
-def unpack_fetched(archive: Path, dest: Path, *, label: str) -> Path:
+def unpack_fetched(archive: Path, dest: Path, *, label: str, stats: TransferStats | None = None) -> Path:
     """:func:`unpack` for fetch: returns ``dest``, or the one folder the archive holds when it holds exactly one
-    (``model/``). All or nothing: a refused archive leaves ``dest`` as it was."""
-    names = unpack_members(archive, dest, label=label)
+    (``model/``). All or nothing: a refused archive leaves ``dest`` as it was. ``stats`` counts what it unpacked."""
+    names = unpack_members(archive, dest, label=label, stats=stats)
     if len(names) == 1 and (dest / names[0]).is_dir() and not (dest / names[0]).is_symlink():
         return dest / names[0]
     return dest

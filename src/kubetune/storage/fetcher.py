@@ -58,8 +58,7 @@ def fetch_with_stats(
         with Progress(f"fetch {loc.safe}", enabled=progress) as bar:
             result = _fetch_remote(scheme, loc, target, stats, bar, sha256=sha256, use_cache=use_cache)
     stats.finish()
-    log.info("fetched %s -> %s (%d bytes in %d files, %.1fs%s)", loc.safe, result, stats.bytes, stats.files,
-             stats.seconds, ", cached" if stats.cached else "")
+    log.info("fetched %s -> %s (%s, %.1fs%s)", loc.safe, result, stats.describe(), stats.seconds, ", cached" if stats.cached else "")
     return result, stats
 
 
@@ -116,7 +115,7 @@ def _materialize(scheme: Scheme, loc: Location, remote, into: Path, stats: Trans
             result.replace(moved)
             result = moved
         try:
-            out = archive.unpack_fetched(result, into, label=loc.uri)
+            out = archive.unpack_fetched(result, into, label=loc.uri, stats=stats)
         except archive.ArchiveError:
             shutil.rmtree(into / _DOWNLOAD_DIR, ignore_errors=True)  # refused: nothing of it is kept
             raise

@@ -395,11 +395,3 @@ def _save_outputs(job: TuneJob, trainer: Any, tokenizer: Any, run: RunDir, *, is
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     run.emit(make_event(EventType.STAGE, f"saved {target.name}/", stage=C.STAGE_PUBLISH, path=str(target)))
-    if job.method.type != "full" and job.method.lora.modules_to_save:
-        run.emit(
-            make_event(
-                EventType.WARNING,
-                f"adapter/ holds full copies of {', '.join(job.method.lora.modules_to_save)} (method.lora.modules_to_save): "
-                "bigger than a plain LoRA adapter and not loadable as a LoRA adapter by vLLM; serve merged/ (output.merge) instead",
-            )
-        )

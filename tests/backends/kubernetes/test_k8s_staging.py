@@ -58,3 +58,36 @@ def test_remote_inputs_are_not_uploaded(s3):
     calls = []
     job = load_spec(_spec(s3, dataset={"source": "hf://datasets/org/data"}))
     assert stage_inputs(job, push=lambda *a, **k: calls.append(a)) == [] and calls == []
+
+
+@pytest.mark.parametrize("cluster", ["no kubeconfig", "unreachable API server"])
+def test_no_cluster_is_said_before_anything_is_uploaded(s3, tmp_path, kubetune_cli, cluster):
+    """`kubetune run --backend kubernetes` with local data: a missing kubeconfig or an API server that does not answer
+    ends the command (exit 2, one message) before the data goes to the staging bucket, not after."""
+    import socket
+
+    import yaml
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(_spec(s3, dataset={"source": str(data)})))
+    kubeconfig = tmp_path / "nowhere" / "config"
+    expected = f"no Kubernetes cluster configured: KUBECONFIG names {kubeconfig}, which does not exist"
+    if cluster == "unreachable API server":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "dead",
+            "clusters": [{"name": "dead", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+            "users": [{"name": "me", "user": {"token": "t"}}],
+            "contexts": [{"name": "dead", "context": {"cluster": "dead", "user": "me"}}],
+        }))
+        expected = f"cannot reach the Kubernetes API server at http://127.0.0.1:{port}"
+    r = subprocess.run([*kubetune_cli, "run", str(spec), "--backend", "kubernetes"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert expected in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert s3.client.list_objects_v2(Bucket=s3.bucket).get("KeyCount", 0) == 0, "nothing may be uploaded"

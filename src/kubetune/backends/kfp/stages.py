@@ -186,6 +186,10 @@ def publish_stage(
 
 # --- the run directory and failures -----------------------------------------------------------
 def _open_run(run_dir: str) -> RunDir:
+    from ...quiet import disable_library_progress_bars, quiet_library_notices
+
+    quiet_library_notices()  # a stage's output is a log, like the worker's
+    disable_library_progress_bars()
     if run_dir:
         run = RunDir(run_dir, echo=os.environ.get(C.ENV_EVENT_STDOUT) == "1")
     else:  # on a server: a scratch run directory, events echoed to the pod log

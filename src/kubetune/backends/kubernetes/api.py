@@ -82,6 +82,14 @@ def connect(*, context: str | None = None, kubeconfig: str | None = None) -> Clu
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise BackendError("the 'kubernetes' package is not installed", hint="pip install kubernetes") from e
     default_file = Path(os.path.expanduser("~/.kube/config"))
+    named = kubeconfig or os.environ.get("KUBECONFIG")
+    files = [f for f in (named or "").split(os.pathsep) if f.strip()]
+    if files and not any(Path(f).expanduser().is_file() for f in files):
+        origin = "the kubeconfig" if kubeconfig else "KUBECONFIG names"
+        raise BackendError(
+            f"no Kubernetes cluster configured: {origin} {named}, which does not exist",
+            hint="point KUBECONFIG at your cluster's kubeconfig (`kubectl config view` shows the one kubectl uses)",
+        )
     try:
         if kubeconfig or os.environ.get("KUBECONFIG") or default_file.is_file():
             api = config.new_client_from_config(config_file=kubeconfig, context=context)

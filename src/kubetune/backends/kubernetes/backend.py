@@ -19,6 +19,7 @@ from ...spec import TuneJob
 from ..base import JobRef
 from . import api as A
 from .diagnose import diagnose, rank0_pod, trainer_progress, workload_state
+from .pod import cluster_inputs
 from .render import WORKLOAD_KINDS, render
 from .uploads import stage_inputs
 
@@ -91,8 +92,10 @@ class KubernetesBackend:
             )
         run_id = f"{job.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
         render(job, flavor)  # spec errors before any upload or API call
+        ns = self._namespace or job.kubernetes.namespace or self.cluster.namespace  # no cluster configured: said here
+        if any(i.local is not None for i in cluster_inputs(job)):  # an upload can be long: the API server answers first
+            self._list("Pod", ns, f"{C.LABEL_JOB}={job.name}")
         stage_inputs(job, push=self._push)
-        ns = self._namespace or job.kubernetes.namespace or self.cluster.namespace
         objects = render(job, flavor, run_id=run_id, namespace=ns)
         workload = objects[-1]
         pvcs = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]

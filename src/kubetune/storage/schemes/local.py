@@ -42,7 +42,7 @@ class LocalScheme(Scheme):
             copy_tree(path, dest, stats)
             return dest / path.name if path.is_file() else dest
         if dest is not None:
-            return archive.unpack_fetched(path, dest, label=loc.uri)
+            return archive.unpack_fetched(path, dest, label=loc.uri, stats=stats)
         st = path.stat()  # a local archive is unpacked once into the cache, keyed by path, size and time
         entry = CacheEntry(str(path), f"{st.st_size}:{st.st_mtime_ns}")
         with entry.locked():
@@ -52,7 +52,7 @@ class LocalScheme(Scheme):
                 return hit
             staging = entry.staging("local")
             try:
-                result = archive.unpack_fetched(path, staging / "content", label=loc.uri)
+                result = archive.unpack_fetched(path, staging / "content", label=loc.uri, stats=stats)
             except BaseException:
                 entry.discard(staging)  # nothing to resume: a refused archive leaves the cache as it was
                 raise
