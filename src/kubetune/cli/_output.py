@@ -195,6 +195,7 @@ class PlainHelpCommand(TyperCommand):
             _plain(param)
 
     def get_help_option(self, ctx):
+        """click's ``--help`` option, shown plainly like the others."""
         return _plain(super().get_help_option(ctx))
 
 
