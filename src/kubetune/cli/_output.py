@@ -187,6 +187,7 @@ class PlainHelpCommand(TyperCommand):
             _plain(param)
 
     def get_help_option(self, ctx):
+        """``--help``, shown without a type label like every other flag."""
         return _plain(super().get_help_option(ctx))
 
 
