@@ -19,7 +19,7 @@ PKG = SRC / "kubetune"
 
 # Lower index = lower layer. A module may import its own layer and the ones below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "constants", "paths", "_version", "redact", "ranks"),
+    ("errors", "constants", "paths", "_version", "redact", "ranks", "cpu"),
     ("spec", "presets", "events"),
     ("storage",),
     ("data", "training", "preflight", "distributed", "preemption"),  # distributed: rank helpers the training loop uses, and the launcher
