@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch 2.13.0 has a CPU build on these machines' local disk; elsewhere pip takes it from PyPI.
 TORCH_CPU ?= torch==2.13.0
-export KUBETUNE_HOME ?= $(CURDIR)/.kubetune-home
+# No KUBETUNE_HOME of its own: the quickstart's job goes where the kubetune in your shell looks for it (the
+# default ~/.cache/kubetune, or your KUBETUNE_HOME), so `kubetune list` / `status quickstart` find it afterwards.
 
 .PHONY: setup test-deps quickstart test bench clean
 
@@ -47,4 +48,4 @@ bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .kubetune-home
+	rm -rf $(VENV) runs

@@ -118,7 +118,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3, help="timed runs of each side (default 3)")
     p.add_argument("--epochs", type=float, default=2.0, help="training.epochs (the quickstart has 20; default 2 keeps the run short)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: each side's own default: torch's for the bare script, the free cores for kubetune)")
     p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
     a = p.parse_args()
 
@@ -144,7 +144,7 @@ def main() -> int:
     wall_ratio, tps_ratio = kw / bw, ktt / bt
     verdict = "meets" if wall_ratio <= 1.15 else "MISSES"
     steps = kt[0]["global_step"]
-    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "torch's default thread count"
+    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "its own default thread count (torch's: every core; kubetune's: the free cores)"
     cmd = "python bench/overhead.py" + (f" --epochs {a.epochs:g}" if a.epochs != 2.0 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
     rows = "\n".join(
         f"| {i + 1} | {b['wall']:.1f} | {k['wall']:.1f} | {b['tokens_per_second']} | {k['tokens_per_second']} |" for i, (b, k) in enumerate(zip(base, kt))

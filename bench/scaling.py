@@ -7,10 +7,11 @@ batch of 16 sequences per optimizer step whatever the topology:
 - kubetune, ``2 processes``: ``resources.processes_per_node=2`` -- torchrun (python -m kubetune.launch),
   DDP over gloo, batch 8 x 2 processes.
 
-torchrun gives each rank one intra-op thread (OMP_NUM_THREADS=1), so the baseline runs with one thread too
+Both run with OMP_NUM_THREADS=1: one intra-op thread per process, what torchrun gives each rank by default
 (the same total threads would be 2 processes x 1 thread vs 1 process x 2 threads); ``--default-threads``
-adds a third column, one process with torch's default thread count, which is what a plain ``kubetune run``
-gets. Throughput is the run's own ``tokens_per_second`` (trained input tokens over the training loop's wall
+adds two rows: one process with torch's default thread count (every core, what ``kubetune run`` used to get)
+and one process with the count kubetune chooses from the free cores (``training.cpu_threads`` unset and no
+OMP_NUM_THREADS: what a plain ``kubetune run`` gets now, docs/training.md#cpu-threads). Throughput is the run's own ``tokens_per_second`` (trained input tokens over the training loop's wall
 time, from result.json); the wall time of the whole command (start-up, data preparation, saving) is reported
 too. Runs are interleaved, rotating which configuration goes first, and medians are reported.
 
@@ -74,7 +75,8 @@ def run_once(spec_file: Path, out: Path, *, procs: int, threads: int | None, acc
     res = json.loads((out / "result.json").read_text())
     m = res.get("metrics", res)
     shutil.rmtree(out, ignore_errors=True)
-    return {"tps": m["tokens_per_second"], "train_s": m["train_seconds"], "wall_s": wall, "loss": m["final_loss"], "tokens": m["tokens"]}
+    return {"tps": m["tokens_per_second"], "train_s": m["train_seconds"], "wall_s": wall, "loss": m["final_loss"], "tokens": m["tokens"],
+            "threads": m.get("cpu_threads")}
 
 
 def measure(configs: list[tuple[str, dict]], spec_file: Path, work: Path, rounds: int) -> dict[str, list[dict]]:
@@ -85,7 +87,7 @@ def measure(configs: list[tuple[str, dict]], spec_file: Path, work: Path, rounds
             res = run_once(spec_file, work / f"{name.replace(' ', '-')}-{r}", **kw)
             results[name].append(res)
             print(f"round {r + 1}/{rounds} {name:<28} {res['tps']:>8.1f} tokens/s  train {res['train_s']:6.2f}s  "
-                  f"wall {res['wall_s']:6.1f}s  final loss {res['loss']:.4f}", flush=True)
+                  f"wall {res['wall_s']:6.1f}s  final loss {res['loss']:.4f}  threads {res['threads']}", flush=True)
     return results
 
 
@@ -128,10 +130,11 @@ def main() -> None:
 
     configs: list[tuple[str, dict]] = [
         ("1 process (baseline), 1 thread", {"procs": 1, "threads": 1}),
-        ("2 processes (DDP, gloo), 1 thread each", {"procs": 2, "threads": None}),  # torchrun sets 1 thread per rank
+        ("2 processes (DDP, gloo), 1 thread each", {"procs": 2, "threads": 1}),  # torchrun's default for its ranks
     ]
     if args.default_threads:
-        configs.append((f"1 process, torch default threads ({torch.get_num_threads()})", {"procs": 1, "threads": None}))
+        configs.append((f"1 process, torch default threads ({torch.get_num_threads()})", {"procs": 1, "threads": torch.get_num_threads()}))
+        configs.append(("1 process, threads kubetune chooses", {"procs": 1, "threads": None}))
     started = time.time()
     cpu = measure(configs, spec_file, work, args.rounds)
     baseline = configs[0][0]
@@ -186,14 +189,17 @@ Command: `{cmd.strip()}` (add `--write-docs` to record). Machine: {machine()}; l
 
 {table(cpu, baseline)}
 
-**2 processes / 1 process: {cpu_ratio:.2f}x.** {_load_text(load)} torchrun gives each rank one thread; the baseline has one thread too.
+**2 processes / 1 process: {cpu_ratio:.2f}x.** {_load_text(load)} Each rank has one thread (OMP_NUM_THREADS=1, torchrun's default); the baseline has one thread too.
 On CPU the processes exchange gradients over gloo (TCP on loopback) at every optimizer step. {wall_text}
 {same_loss}
 
 Thread count matters more than the process count on a busy machine: in runs outside this table (4-step runs of
 the tiny job, global batch 8, same load), one process with torch's default of 2 threads trained at 38-94 tokens/s against 795-1357 with
-`OMP_NUM_THREADS=1`, most likely because OpenMP threads wait for each other on oversubscribed cores. `--default-threads` adds that
-configuration to the table (slow: not in the default run).
+`OMP_NUM_THREADS=1`, most likely because OpenMP threads wait for each other on oversubscribed cores. That is why
+`kubetune run` no longer takes torch's default on a CPU: without `training.cpu_threads` or `OMP_NUM_THREADS` it uses
+the cores that are free (cores minus the load average, within the cgroup quota, shared by the processes on the node)
+and says so in the run's first line (docs/training.md, "CPU threads"). `--default-threads` adds torch's default and
+kubetune's choice to the table (slow: not in the default run).
 
 ### GPU
 

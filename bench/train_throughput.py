@@ -59,7 +59,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5, help="runs of each side per comparison (default 5)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     p.add_argument("--skip-packing", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine; 0: each side's own default: torch's for the bare script, the free cores for kubetune)")
     p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
     a = p.parse_args()
 
@@ -89,7 +89,7 @@ def main() -> int:
     def tps(rs):
         return median([r["tokens_per_second"] for r in rs])
 
-    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "torch's default thread count"
+    threads = f"OMP_NUM_THREADS={a.threads}" if a.threads else "its own default thread count (torch's: every core; kubetune's: the free cores)"
     ratio = tps(kt) / tps(base)
     verdict = "meets" if ratio >= 0.95 else "MISSES"
     lines = [

@@ -116,6 +116,7 @@ SPEC_MAX_SEQ_LENGTH = 1 << 20  # training.max_seq_length (the model's own limit 
 SPEC_MAX_SEED = 2**32 - 1  # seeds: numpy's are 32-bit
 SPEC_MAX_ROWS = 10**12  # dataset.max_rows
 SPEC_MAX_PROCS = 1024  # dataset.num_proc
+SPEC_MAX_CPU_THREADS = 1024  # training.cpu_threads
 SPEC_MAX_MIX = 256  # dataset.mix entries
 SPEC_MAX_WEIGHT = 1e6  # dataset weights (relative to each other)
 SPEC_MAX_LORA_ALPHA = 1e5  # method.lora.alpha
@@ -287,4 +288,8 @@ KFP_MAIN_CONTAINER = "main"  # the container of a KFP task pod that runs the com
 ENV_RANK = "RANK"  # set by torchrun: this process's global rank (read through kubetune.ranks)
 ENV_LOCAL_RANK = "LOCAL_RANK"  # set by torchrun: this process's rank on its node (its accelerator index)
 ENV_WORLD_SIZE = "WORLD_SIZE"  # set by torchrun: processes in the job
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"  # set by torchrun: processes on this node (they share its CPU cores)
+# Set ("1") by kubetune's launcher when the user set no OMP_NUM_THREADS: the 1 torchrun then puts there is its
+# default, not the user's choice, so each rank chooses its CPU threads itself (kubetune/cpu.py).
+ENV_THREADS_AUTO = "KUBETUNE_CPU_THREADS_AUTO"
 ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.launch`; rank 0 records it, that launcher records the job's end

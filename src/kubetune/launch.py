@@ -183,6 +183,10 @@ def launch(argv: list[str]) -> int:
         t = job.resources.rendezvous_timeout_seconds
         args.rdzv_conf = f"timeout={t},join_timeout={t}"
     os.environ[C.ENV_LAUNCHER_PID] = str(os.getpid())  # inherited by the workers; rank 0 records it
+    if C.ENV_OMP_NUM_THREADS in os.environ:  # the user's choice: every rank uses it
+        os.environ.pop(C.ENV_THREADS_AUTO, None)
+    else:  # torchrun will set OMP_NUM_THREADS=1, its default: the ranks divide the free cores instead (kubetune.cpu)
+        os.environ[C.ENV_THREADS_AUTO] = "1"
     preempt_file = Path(tempfile.gettempdir()) / f"kubetune-preempt-{os.getpid()}"
     preempt_file.unlink(missing_ok=True)
     os.environ[C.ENV_PREEMPT_FILE] = str(preempt_file)  # inherited by the workers: exists once this launcher is preempted

@@ -1,4 +1,5 @@
-"""Where this process stands in a distributed job: the one reader of ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``.
+"""Where this process stands in a distributed job: the one reader of ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``
+and ``LOCAL_WORLD_SIZE``.
 
 torchrun (and ``python -m kubetune.launch``) set these variables in every worker process; a process that
 no launcher started is rank 0 of a world of one. Code that asks "am I the process that writes the run
@@ -11,7 +12,7 @@ import os
 
 from . import constants as C
 
-__all__ = ["rank", "local_rank", "world_size", "is_main_process", "has_rank"]
+__all__ = ["rank", "local_rank", "world_size", "local_world_size", "is_main_process", "has_rank"]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -37,6 +38,11 @@ def local_rank() -> int:
 def world_size() -> int:
     """Processes in the job: ``WORLD_SIZE``, 1 when no launcher set it."""
     return _env_int(C.ENV_WORLD_SIZE, 1)
+
+
+def local_world_size() -> int:
+    """Processes on this node (they share its CPU cores): ``LOCAL_WORLD_SIZE``, 1 when no launcher set it."""
+    return max(1, _env_int(C.ENV_LOCAL_WORLD_SIZE, 1))
 
 
 def is_main_process() -> bool:

@@ -32,7 +32,7 @@ from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 from .training import distributed
 
-__all__ = ["run_worker", "previous_run", "finished_run_message", "fetch_inputs", "prepare_data", "publish", "main"]
+__all__ = ["run_worker", "previous_run", "finished_run_message", "set_cpu_threads", "fetch_inputs", "prepare_data", "publish", "main"]
 
 log = logging.getLogger("kubetune.worker")
 
@@ -76,6 +76,9 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     sync = None
     try:
         started = time.time()
+        threads = set_cpu_threads(job)
+        if threads is not None:
+            _stage(run, is_main, C.STAGE_FETCH, threads)
         _stage(run, is_main, C.STAGE_FETCH, "fetching model and data")
         inputs = fetch_inputs(job)
         sync = _output_sync(job, run, is_main)
@@ -91,6 +94,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         if is_main:
             _stage(run, is_main, C.STAGE_PUBLISH, "publishing results")
             metrics["data"] = prepared.stats
+            metrics["cpu_threads"] = _torch_threads()
             metrics["total_seconds"] = round(time.time() - started, 2)
             publish(job, run, inputs, metrics, sync=sync)
             run.succeed()
@@ -170,7 +174,8 @@ def _free_garbage(run: RunDir) -> None:
 
 # --- a run directory that already holds a run --------------------------------------------------
 FINISHED_RUN_HINT = "rerun with --restart (training.resume=never) to start over there, or choose another output.dir"
-_IGNORED_FOR_RERUN = (("training", "resume"),)  # how to treat earlier checkpoints is not part of what a run is
+# How to treat earlier checkpoints, and how many CPU threads compute it, are not part of what a run is.
+_IGNORED_FOR_RERUN = (("training", "resume"), ("training", "cpu_threads"))
 
 
 def previous_run(job: TuneJob, run: RunDir) -> tuple[str, list[str]]:
@@ -261,6 +266,28 @@ def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
 
 
 # --- stages ----------------------------------------------------------------------------------
+def set_cpu_threads(job: TuneJob) -> str | None:
+    """Before anything heavy runs: on a CPU, give torch the threads :mod:`kubetune.cpu` chooses (the spec's
+    ``training.cpu_threads``, else ``OMP_NUM_THREADS``, else the free cores) and return the line that says
+    how many and why; on a GPU, leave torch's default and return None (or a note that the field is ignored)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"training.cpu_threads={job.training.cpu_threads} is ignored: training on a GPU" if job.training.cpu_threads else None
+    from .cpu import apply_threads, cpu_threads
+
+    choice = cpu_threads(job.training.cpu_threads)
+    apply_threads(choice)
+    return choice.describe()
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process (recorded in result.json as ``cpu_threads``; None on a GPU)."""
+    import torch
+
+    return None if torch.cuda.is_available() else torch.get_num_threads()
+
+
 def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
     """Fetch the model and datasets (:func:`kubetune.storage.fetch`); returns local paths under keys model,
     dataset, eval_dataset. ``model.revision`` wins over an ``@REV`` in the model's URI (``ModelSpec.pinned_source``)."""

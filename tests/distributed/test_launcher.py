@@ -3,6 +3,7 @@ backend starts, what the topology does to the batch, and how a rendezvous that n
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from kubetune import constants as C
 from kubetune.backends.local import _worker_command
 from kubetune.errors import BackendError, TrainError
 from kubetune.events import RunDir
-from kubetune.launch import RankFailure, failure_reason, root_cause
+from kubetune.launch import RankFailure, failure_reason, launch, root_cause
 from kubetune.spec import load_spec
 from kubetune.training import distributed
 
@@ -160,3 +161,34 @@ def test_the_old_entry_point_is_the_same_launcher():
     new = _usage("kubetune.launch")
     assert "--nproc-per-node" in new and "--rdzv-conf" in new  # torchrun's command line
     assert _usage("kubetune.distributed") == new
+
+
+# --- CPU threads under the launcher ------------------------------------------------------------
+@pytest.mark.parametrize("user_omp", [None, "3"])
+def test_the_ranks_choose_their_threads_unless_the_user_set_omp_num_threads(tmp_path, monkeypatch, user_omp):
+    """torchrun puts OMP_NUM_THREADS=1 into every rank when the user set none; kubetune's launcher marks that 1
+    as torchrun's default, so each rank divides the free cores instead, while a user's own value is kept."""
+    from torch.distributed import run as torchrun
+
+    from kubetune.cpu import choose_threads
+
+    for name in (C.ENV_LAUNCHER_PID, C.ENV_PREEMPT_FILE, C.ENV_THREADS_AUTO, "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+        monkeypatch.delenv(name, raising=False)
+    if user_omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user_omp)
+    seen: dict = {}
+
+    def fake_torchrun(args):  # what torchrun does to the ranks' environment, then what a rank would choose
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        seen["choice"] = choose_threads(cores=8, load=0.0, processes=2, env=dict(os.environ))
+
+    monkeypatch.setattr(torchrun, "run", fake_torchrun)
+    spec = write_spec(dist_spec(tmp_path / "run", procs=2), tmp_path / "job.yaml")
+    assert launch(["--standalone", "--nproc-per-node=2", "-m", "kubetune.worker", "--spec", str(spec)]) == 0
+    choice = seen["choice"]
+    if user_omp is None:
+        assert (choice.threads, choice.source) == (4, "auto")  # 8 idle cores, 2 ranks
+    else:
+        assert (choice.threads, choice.reason) == (3, "OMP_NUM_THREADS=3")

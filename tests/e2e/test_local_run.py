@@ -146,6 +146,29 @@ def test_cli_run_exit_codes(tiny_job, tmp_path, kubetune_cli):
     assert "Traceback" not in missing.stdout + missing.stderr
 
 
+def test_a_cpu_run_says_first_how_many_threads_it_uses_and_why(tiny_job, tmp_path, kubetune_cli):
+    """Without OMP_NUM_THREADS or training.cpu_threads the worker takes the free cores (not torch's default of
+    every core), says so before anything else, and records the count torch trained with."""
+    import re
+
+    import yaml
+
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(tiny_job(training={"max_steps": 2, "save_steps": 2})))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KUBETUNE_CPU_THREADS_AUTO")}
+    out = subprocess.run([*kubetune_cli, "run", str(f)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = re.search(r"using (\d+) of (\d+) CPU threads?: load average (\d+\.\d)", out.stdout)
+    assert line, out.stdout
+    threads, available = int(line.group(1)), int(line.group(2))
+    assert 1 <= threads <= available == len(os.sched_getaffinity(0))
+    run_dir = tmp_path / "run"
+    events = [json.loads(x) for x in (run_dir / C.EVENTS_FILE).read_text().splitlines()]
+    stages = [e for e in events if e["type"] == "stage"]
+    assert stages[0]["message"].startswith(f"using {threads} of {available} CPU thread")  # the run's first word
+    assert json.loads((run_dir / C.RESULT_FILE).read_text())["cpu_threads"] == threads
+
+
 def test_a_job_whose_submitter_died_before_starting_it_is_reported_never_started(tmp_path, monkeypatch):
     """A submitter killed between recording a job (pending) and starting its worker leaves no process behind:
     the job must end as failed, with that reason, instead of staying pending forever."""

@@ -426,9 +426,10 @@ def chat(
         model = RemoteChat(source, model=model_id, api_key=api_key)
         source = model.source
     else:
-        from ..serve.loading import load_chat_model
+        from ..serve.loading import load_chat_model, set_inference_threads
         from ..redact import redact_uri
 
+        set_inference_threads()  # on a CPU: the free cores, not all of them (kubetune.cpu); quietly
         model = load_chat_model(source)
         source = redact_uri(source)  # shown below
     history: list[dict] = [{"role": "system", "content": system}] if system else []

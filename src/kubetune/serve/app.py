@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from .completions import _Server
-from .loading import LoadedModels, load_engine
+from .loading import LoadedModels, load_engine, set_inference_threads
 from .metrics import ServeMetrics
 from .options import ServeOptions
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body, param_path
@@ -131,6 +131,9 @@ def run_server(plan: ServePlan, options: ServeOptions) -> None:
     import uvicorn
 
     sock = _listen(options.host, options.port)  # before loading the model: a busy port is the first thing to know
+    threads = set_inference_threads(options.device)
+    if threads:
+        print(threads, flush=True)
     app = create_app(plan, options)
     port = sock.getsockname()[1]
     where = f"http://{_url_host(options.host)}:{port}/v1"

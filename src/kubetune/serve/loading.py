@@ -18,7 +18,7 @@ from .. import constants as C
 from ..errors import SourceError
 from .engine import TransformersEngine
 
-__all__ = ["ChatModel", "load_chat_model", "LoadedModels", "load_engine"]
+__all__ = ["ChatModel", "load_chat_model", "LoadedModels", "load_engine", "set_inference_threads"]
 
 
 @dataclass
@@ -113,6 +113,21 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust).eval()
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     return ChatModel(model=_to_device(model), tokenizer=tok, source=str(source))
+
+
+def set_inference_threads(device: str | None = None) -> str | None:
+    """For a model answering on the CPU (``kubetune chat``, ``kubetune serve``): give torch the threads
+    :mod:`kubetune.cpu` chooses (``OMP_NUM_THREADS``, else the cores that are free) and return the line that
+    says so; on a GPU (``device``, else CUDA when available) change nothing and return None."""
+    import torch
+
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0] != "cpu":
+        return None
+    from ..cpu import apply_threads, cpu_threads
+
+    choice = cpu_threads()
+    apply_threads(choice)
+    return choice.describe("OMP_NUM_THREADS")
 
 
 def _to_device(model):

@@ -253,6 +253,11 @@ class TrainingSpec(_Section):
         description="How several processes share the work: ddp (each holds the whole model; gradients are averaged) or "
         "fsdp (full shard: parameters, gradients and optimizer state split over the processes; GPUs only, not with qlora).",
     )
+    cpu_threads: int | None = Field(
+        None, ge=1, le=C.SPEC_MAX_CPU_THREADS,
+        description="CPU threads per process when training on the CPU (ignored on GPUs); unset: OMP_NUM_THREADS if set, else "
+        "the cores that are free (cores minus the load average, within the cgroup CPU quota, shared by the processes on a node).",
+    )
 
     @field_validator("resume")
     @classmethod

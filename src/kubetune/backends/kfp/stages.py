@@ -100,8 +100,11 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
                 pull_checkpoint(sync, run)  # verified after the download, like the local ones
         try:
-            from ...worker import prepare_data
+            from ...worker import prepare_data, set_cpu_threads
 
+            threads = set_cpu_threads(job)
+            if threads is not None:
+                _stage(run if is_main else None, C.STAGE_PREPARE, threads)
             _stage(run if is_main else None, C.STAGE_PREPARE, "preparing data")
             tokenizer, prepared = prepare_data(job, inputs, run if is_main else None)
             if is_main:  # the new run has proven it can start: only now is an earlier result replaced
@@ -281,6 +284,8 @@ def _link_tree(src: Path, dest: Path) -> None:
 # --- several processes: the train stage under torchrun ----------------------------------------
 def _train_torchrun(job: TuneJob, spec_text: str, run_dir: str, **dirs: str) -> dict:
     env = dict(os.environ)
+    if C.ENV_OMP_NUM_THREADS not in env:  # torchrun's OMP_NUM_THREADS=1 is not the user's: the ranks choose (kubetune.cpu)
+        env[C.ENV_THREADS_AUTO] = "1"
     if not run_dir:  # on a server: one scratch directory for every rank, events echoed to the pod log
         run_dir, env[C.ENV_EVENT_STDOUT] = tempfile.mkdtemp(prefix="kubetune-run-"), "1"
     with tempfile.TemporaryDirectory(prefix="kubetune-train-") as tmp:
