@@ -90,7 +90,7 @@ class Runner:
     # -- one job ----------------------------------------------------------------------------------
     def _submit(self, job: dict) -> bool:
         try:
-            ref = self.client.submit(job["spec"])
+            ref = self._running_ref(job) or self.client.submit(job["spec"])
         except KubetuneError as e:
             self._end(job, "failed", error={"code": "invalid_job", "message": str(e), "param": None})
             return False
@@ -100,6 +100,19 @@ class Runner:
                               status="running", backend_ref=ref_data, run_dir=ref.run_dir,
                               started_at=job["started_at"] or time.time(), requested=None)
         return True
+
+    def _running_ref(self, job: dict) -> JobRef | None:
+        """The submission already running in the job's run directory: the server died between submitting it and
+        recording that (a local run directory's status names it), so it is re-attached instead of started twice."""
+        out = (job.get("spec") or {}).get("output", {}).get("dir")
+        if self.config.backend != "local" or not out:
+            return None
+        from ..events import RunDir
+
+        st = RunDir(out).read_status()
+        if st is None or st.terminal or not st.job_id:
+            return None
+        return JobRef(id=st.job_id, backend=self.config.backend, name=st.name or "", run_dir=str(RunDir(out).path))
 
     def follow(self, job: dict) -> dict:
         """Copy the job's new events, checkpoints and state from the backend into the database; the job as now."""

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from ..errors import SpecError
 from ..paths import home
@@ -53,15 +54,22 @@ def _engine(url: str) -> Engine:
             path = url.split(":///", 1)[1] if ":///" in url else ""
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            # A connection per transaction (NullPool): a pooled pysqlite connection was seen to keep reading an old
+            # snapshot after another process (the CLI revoking a key) committed; opening a SQLite file is cheap.
+            engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, poolclass=NullPool)
 
             @event.listens_for(engine, "connect")
             def _pragmas(dbapi_conn, _record):  # WAL: readers never wait for the follower's writes
+                dbapi_conn.isolation_level = None  # transactions are SQLAlchemy's (BEGIN below), never the driver's
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.execute("PRAGMA foreign_keys=ON")
                 cur.close()
+
+            @event.listens_for(engine, "begin")
+            def _begin(conn):  # every session is one real transaction: a read sees what other processes committed
+                conn.exec_driver_sql("BEGIN")
 
             return engine
         return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
