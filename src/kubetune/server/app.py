@@ -195,6 +195,10 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
         return {"object": "list", "data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None}
 
+    from .native import register as register_native
+
+    register_native(app, store, runner, config, project)
+
     # -- models and chat --------------------------------------------------------------------------
     @app.get("/v1/models")
     def list_models(p: dict = project):
