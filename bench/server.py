@@ -87,6 +87,11 @@ async def measure(base: str, method: str, path: str, body: dict | None, headers:
     per_client = requests // clients
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=120) as http:
+        async def warm() -> None:  # every connection opened before the clock starts: p99 is requests, not handshakes
+            await http.request("GET", "/health")
+
+        await asyncio.gather(*(warm() for _ in range(clients)))
+
         async def client() -> None:
             nonlocal failures
             for _ in range(per_client):
@@ -160,7 +165,7 @@ def main() -> None:
         flags = "".join(f" --{k} {v}" for k, v in (("clients", a.clients), ("requests", a.requests), ("rounds", a.rounds)) if v != ap.get_default(k))
         write_section(SECTION, f"""Command: `python bench/server.py{flags} --write-docs`  
 Machine: {machine()}; load average {load0:.1f} at start (a shared machine: other people's work ran at the same time).  
-Workload: {a.clients} concurrent clients (one asyncio loop, httpx, closed loop), {a.requests} requests per workload and round, {a.rounds} interleaved rounds, medians over rounds. Both servers in child processes on 127.0.0.1; the jobs service on {'SQLite' if db.startswith('sqlite') else 'PostgreSQL'} with the `fake` backend (jobs move through their states in memory, nothing trains; the runner follows them all), 100 jobs seeded before the first round and every created job added to them.
+Workload: {a.clients} concurrent clients (one asyncio loop, httpx, closed loop, connections opened before timing), {a.requests} requests per workload and round, {a.rounds} interleaved rounds, medians over rounds. Both servers in child processes on 127.0.0.1; the jobs service on {'SQLite' if db.startswith('sqlite') else 'PostgreSQL'} with the `fake` backend (jobs move through their states in memory, nothing trains; the runner follows them all), 100 jobs seeded before the first round and every created job added to them.
 
 {table}
 

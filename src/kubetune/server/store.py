@@ -59,10 +59,9 @@ def _engine(url: str) -> Engine:
             engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, poolclass=NullPool)
 
             @event.listens_for(engine, "connect")
-            def _pragmas(dbapi_conn, _record):  # WAL: readers never wait for the follower's writes
+            def _pragmas(dbapi_conn, _record):
                 dbapi_conn.isolation_level = None  # transactions are SQLAlchemy's (BEGIN below), never the driver's
                 cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.execute("PRAGMA foreign_keys=ON")
                 cur.close()
@@ -84,9 +83,16 @@ def migrate(engine: Engine) -> None:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    if engine.dialect.name == "sqlite":  # kept in the file: readers never wait for the follower's writes
+        raw = engine.raw_connection()
+        try:
+            raw.cursor().execute("PRAGMA journal_mode=WAL")
+        finally:
+            raw.close()
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+    engine.dispose()  # the pool starts afresh, without the migration's connection
 
 
 def _row(obj: Any) -> dict:
