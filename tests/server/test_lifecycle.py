@@ -107,3 +107,23 @@ def test_sigkill_mid_job_loses_nothing(make_server, train_file):
 
     after = wait_for(client, second.id, ("succeeded", "failed", "cancelled"))  # the queued one started after the restart
     assert after.status == "succeeded", after.error
+
+
+def test_two_replicas_run_each_job_once_and_take_over(make_server, train_file):
+    steps = {"method": LONG["method"], "training": {**LONG["training"], "max_steps": 30, "save_steps": 10}}
+    first = make_server(method_defaults={"supervised": steps}).start()
+    second = make_server(method_defaults={"supervised": steps}).start()  # same database, same data directory
+    key = first.key("alpha")
+    a, b = first.openai(key), second.openai(key)
+    f = b.files.create(file=train_file.open("rb"), purpose="fine-tune")
+    job = b.fine_tuning.jobs.create(model="tiny-chat", training_file=f.id)  # created through the replica
+    wait_for_step(a, job.id, 2)
+    time.sleep(2)  # both replicas have had turns of their runners
+    started = [e for e in a.fine_tuning.jobs.list_events(job.id, limit=100).data if e.message == "Fine-tuning job started"]
+    assert len(started) == 1  # submitted by one of them only
+
+    first.stop(signal.SIGKILL)  # the leader (the first to start) dies: the replica takes over following the job
+    done = wait_for(b, job.id, ("succeeded", "failed", "cancelled"))
+    assert done.status == "succeeded", done.error
+    steps_seen = [e.data["step"] for e in b.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "metrics"]
+    assert sorted(steps_seen) == list(range(1, 31))

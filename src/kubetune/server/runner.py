@@ -75,7 +75,10 @@ class Runner:
             self._wake.clear()
 
     def tick(self) -> None:
-        """Follow every running job once, then start what the per-project limits allow."""
+        """Follow every running job once, then start what the per-project limits allow (only in the one server
+        process that leads: replicas on one database answer the API, and take over when the leader dies)."""
+        if not self.store.try_lead():
+            return
         with self._lock:
             for job in self.store.jobs_in(("running",)):
                 self.follow(job)

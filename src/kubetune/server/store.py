@@ -9,6 +9,7 @@ digest cannot be searched) and a short prefix to recognise them by; the key itse
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from .models import ApiKey, Checkpoint, File, Job, JobEvent, Project
 __all__ = ["Store", "default_url", "migrate", "new_id", "KEY_PREFIX"]
 
 KEY_PREFIX = "kt-"
+_LEAD_KEY = 0x6B74756E65  # the advisory lock of the process that runs the jobs ("ktune")
 DEFAULT_PROJECT = "default"
 
 
@@ -122,6 +124,55 @@ class Store:
     def close(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+
+    def try_lead(self) -> bool:
+        """Whether this process runs the jobs: true for exactly one server process per database at a time.
+
+        PostgreSQL: a session-level advisory lock held on a connection of its own (released when the process
+        dies, so another replica takes over); SQLite: an exclusive lock on a file beside the database. Call it on
+        every turn of the runner: it keeps (or takes, or retakes after a lost connection) the lead.
+        """
+        if self.engine.dialect.name == "sqlite":
+            return self._lead_file()
+        from sqlalchemy import text
+
+        conn = getattr(self, "_lead_conn", None)
+        try:
+            if conn is None:
+                conn = self.engine.connect()
+                self._lead_conn = conn
+                self._leading = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _LEAD_KEY}).scalar())
+                conn.commit()
+                if not self._leading:
+                    conn.close()
+                    self._lead_conn = None
+                return self._leading
+            conn.execute(text("SELECT 1")).scalar()  # still connected: still holding the lock
+            conn.commit()
+            return True
+        except Exception:
+            try:
+                conn.close()
+            except Exception:
+                pass
+            self._lead_conn = None
+            return False
+
+    def _lead_file(self) -> bool:
+        import fcntl
+
+        if getattr(self, "_lead_fd", None) is not None:
+            return True
+        path = self.url.split(":///", 1)[1] if ":///" in self.url else ""
+        lock = Path((path or str(home() / "server" / "memory")) + ".runner.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lead_fd = fd
+        return True
 
     # -- projects and keys ------------------------------------------------------------------------
     def project(self, name: str) -> dict:
