@@ -54,7 +54,7 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
             chat.shutdown()
 
     app = FastAPI(title="kubetune server", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.runner, app.state.store, app.state.config = runner, store, config
+    app.state.runner, app.state.store, app.state.config, app.state.chat = runner, store, config, chat
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):

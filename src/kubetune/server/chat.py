@@ -1,7 +1,7 @@
-"""Chat completions with the server's models: a finished job's ``fine_tuned_model`` (its run served as
-``kubetune serve RUN`` would: the base model plus the job's adapter, batched by serve's engine) or a base
-model of the configuration. Engines load on the first request for a model and stay loaded (the least recently
-used one is unloaded beyond ``MAX_LOADED``)."""
+"""Chat completions with the server's models: a finished job's ``fine_tuned_model`` or a base model of the
+configuration, through ``kubetune serve``'s engine. LoRA fine-tunes of one base share that base's engine, their
+adapters batched together as ``kubetune serve BASE --adapter ...`` does. Engines load on the first request for a
+model and stay loaded (the least recently used one is unloaded beyond ``MAX_LOADED``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ class ChatModels:
     def __init__(self, store: Store, config: ServerConfig) -> None:
         self.store = store
         self.config = config
-        self._servers: OrderedDict[str, Any] = OrderedDict()  # model id -> serve's _Server
+        self._groups: OrderedDict[str, dict] = OrderedDict()  # engine key (a base model's URI) -> {server, adapters}
+        self._servers: dict[str, str] = {}  # model id -> its engine's key
         self._lock = threading.Lock()
 
     def model_cards(self, project: dict) -> list[dict]:
@@ -79,8 +80,9 @@ class ChatModels:
     def shutdown(self) -> None:
         """Stop every loaded engine."""
         with self._lock:
-            for server in self._servers.values():
-                server.loaded.engine.shutdown()
+            for group in self._groups.values():
+                group["server"].loaded.engine.shutdown()
+            self._groups.clear()
             self._servers.clear()
 
     def _source(self, model: str, project: dict) -> str:
@@ -93,26 +95,71 @@ class ChatModels:
         return run_dir
 
     def _server(self, model: str, source: str) -> Any:
-        from ..serve.completions import _Server
-        from ..serve.loading import load_engine
-        from ..serve.metrics import ServeMetrics
-        from ..serve.options import make_options
+        """The engine serving ``model``: LoRA fine-tunes share one engine per base model (their adapters batched
+        together, as ``kubetune serve BASE --adapter ...`` does); adding one reloads that engine with every adapter
+        it served so far, and the old engine ends once its requests are answered."""
         from ..serve.sources import resolve_sources
 
         with self._lock:
             if model in self._servers:
-                self._servers.move_to_end(model)
-                return self._servers[model]
+                key = self._servers[model]
+                self._groups.move_to_end(key)
+                return self._groups[key]["server"]
             try:
-                plan = resolve_sources(source, served_model_name=model)
-                options = make_options(served_model_name=model)
-                loaded = load_engine(plan, options)
+                alone = resolve_sources(source, served_model_name=model)
+                if alone.adapters and alone.base_uri:  # a LoRA run: its base's engine, with this adapter added
+                    key = alone.base_uri
+                    adapters = {**self._groups.get(key, {}).get("adapters", {}), model: source}
+                    plan = resolve_sources(key, adapters, served_model_name=self._base_name(key))
+                elif model in self.config.models:  # a base model: its engine, with the adapters it already serves
+                    key = source
+                    adapters = dict(self._groups.get(key, {}).get("adapters", {}))
+                    plan = resolve_sources(source, adapters, served_model_name=model) if adapters else alone
+                else:  # a full fine-tune or merged model: an engine of its own
+                    key, adapters, plan = source, {}, alone
+                server = _load(plan)
             except KubetuneError as e:
                 raise APIError(400, f"the model `{model}` cannot be loaded: {e.message}", param="model", code="model_not_loadable") from None
-            server = _Server(plan, options, loaded, ServeMetrics())
-            loaded.engine.start()
-            self._servers[model] = server
-            while len(self._servers) > MAX_LOADED:
-                _, old = self._servers.popitem(last=False)
-                old.loaded.engine.shutdown()
+            old = self._groups.pop(key, None)
+            self._groups[key] = {"server": server, "adapters": adapters}
+            for name in plan.model_ids:
+                self._servers[name] = key
+            if old is not None:
+                _retire(old["server"])
+            while len(self._groups) > MAX_LOADED:
+                gone, group = self._groups.popitem(last=False)
+                for name in [n for n, k in self._servers.items() if k == gone]:
+                    del self._servers[name]
+                _retire(group["server"])
             return server
+
+    def _base_name(self, uri: str) -> str:
+        from ..serve.sources import model_name_from_uri
+
+        return next((name for name, src in self.config.models.items() if src == uri), model_name_from_uri(uri))
+
+
+def _load(plan: Any) -> Any:
+    from ..serve.completions import _Server
+    from ..serve.loading import load_engine
+    from ..serve.metrics import ServeMetrics
+    from ..serve.options import make_options
+
+    options = make_options(served_model_name=plan.default_model)
+    loaded = load_engine(plan, options)
+    server = _Server(plan, options, loaded, ServeMetrics())
+    loaded.engine.start()
+    return server
+
+
+def _retire(server: Any, grace_s: float = 120.0) -> None:
+    """End an engine once the requests it admitted are answered (at most ``grace_s`` seconds from now)."""
+    import time
+
+    def wait_and_stop() -> None:
+        deadline = time.monotonic() + grace_s
+        while server.admission.used and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.loaded.engine.shutdown()
+
+    threading.Thread(target=wait_and_stop, name="kubetune-retire-engine", daemon=True).start()
