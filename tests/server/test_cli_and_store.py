@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,9 +62,32 @@ def test_migrations_match_the_models(db_url):
     store = Store(db_url)
     Store(db_url).close()  # migrating an up-to-date database again changes nothing
     with store.engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == "0001"
+        assert MigrationContext.configure(conn).get_current_revision() == "0002"
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diffs == [], diffs
+    store.close()
+
+
+def test_a_database_of_the_first_schema_is_upgraded_with_its_records(db_url):
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from kubetune.server import store as store_module
+
+    engine = store_module._engine(db_url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(store_module.__file__).parent / "migrations"))
+    with engine.begin() as conn:  # a server of the first version made this database and created a key
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(text("INSERT INTO projects (id, name, created_at) VALUES ('p1', 'old', 1.0)"))
+        conn.execute(text("INSERT INTO api_keys (id, project_id, digest, prefix, created_at, revoked) "
+                          "VALUES ('k1', 'p1', :d, 'kt-old', 1.0, false)"), {"d": store_module._digest("kt-old-key")})
+    engine.dispose()
+    store = store_module.Store(db_url)  # this version: migrated to the newest schema at start
+    assert store.authenticate("kt-old-key")["name"] == "old"
+    assert store.list_sweeps("p1") == []
     store.close()
 
 

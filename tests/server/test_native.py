@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -93,3 +94,28 @@ def test_cli_server_option(make_server, tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "kubetune.cli", "list", "--server", server.url], capture_output=True, text=True,
                            env={**env, "KUBETUNE_API_KEY": "kt-nope"}, timeout=60)
     assert wrong.returncode == 2 and "Incorrect API key" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_a_sweep_submitted_to_the_server(make_server):
+    server = make_server(max_running_jobs=2).start()
+    key = server.key("alpha")
+    headers = {"Authorization": f"Bearer {key}"}
+    spec = {**_spec("sweepy"), "sweep": {"grid": {"method.lora.r": [4, 8]}, "objective": "train_loss"}}
+    r = httpx.post(f"{server.url}/sweeps", json={"spec": spec}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    sweep = r.json()
+    assert sweep["objective"] == "train_loss" and [t["values"] for t in sweep["trials"]] == [{"method.lora.r": 4}, {"method.lora.r": 8}]
+    deadline = time.monotonic() + 240
+    while sweep["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(1)
+        sweep = httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=headers).json()
+    assert sweep["status"] == "succeeded" and sweep["counts"] == {"succeeded": 2}, sweep
+    best = min(sweep["trials"], key=lambda t: t["objective"])
+    assert sweep["best"]["id"] == best["id"] and sweep["best"]["objective"] > 0
+    trial = Client(server.url, api_key=key).get_job(best["id"])  # each trial is a job of the project
+    assert trial.state == "succeeded" and trial.step == 3
+
+    other = {"Authorization": f"Bearer {server.key('beta')}"}
+    assert httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=other).status_code == 404
+    bad = httpx.post(f"{server.url}/sweeps", json={"spec": _spec("nosweep")}, headers=headers)
+    assert bad.status_code == 400 and "no sweep" in bad.json()["error"]["message"]

@@ -198,6 +198,9 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
     from .native import register as register_native
 
     register_native(app, store, runner, config, project)
+    from .sweeps import register as register_sweeps
+
+    register_sweeps(app, store, runner, config, project)
 
     # -- models and chat --------------------------------------------------------------------------
     @app.get("/v1/models")

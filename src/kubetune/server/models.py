@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Project", "ApiKey", "File", "Job", "JobEvent", "Checkpoint"]
+__all__ = ["Base", "Project", "ApiKey", "File", "Job", "JobEvent", "Checkpoint", "Sweep"]
 
 
 class Base(DeclarativeBase):
@@ -82,6 +82,9 @@ class Job(Base):
     fine_tuned_model: Mapped[str | None] = mapped_column(String(512), nullable=True)
     trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     requested: Mapped[str | None] = mapped_column(String(16), nullable=True)  # "cancel" / "pause" / "resume" in flight
+    sweep_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # a trial of this sweep
+    sweep_values: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the trial's swept values
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # result.json of a finished run
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -110,4 +113,17 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Sweep(Base):
+    """A sweep submitted to the server: its spec, how it ranks trials; the trials are jobs with its ``sweep_id``."""
+
+    __tablename__ = "sweeps"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    objective: Mapped[str] = mapped_column(String(64))
+    direction: Mapped[str] = mapped_column(String(16))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)

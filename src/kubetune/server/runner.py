@@ -143,8 +143,10 @@ class Runner:
                 if status in TERMINAL:
                     fields["finished_at"] = time.time()
                 if status == "succeeded":
-                    fields["fine_tuned_model"] = job["fine_tuned_model"]
-                    fields["trained_tokens"] = _trained_tokens(job)
+                    result = _result(job)
+                    fields["result"] = result  # kept: the run directory may go, the record stays complete
+                    tokens = result.get("tokens") if result else None
+                    fields["trained_tokens"] = int(tokens) if isinstance(tokens, (int, float)) else None
                 if status == "failed":
                     fields["error"] = {"code": "job_failed", "message": st.reason or "the job failed", "param": None}
                 if status == "paused":
@@ -237,12 +239,13 @@ def _to_record(ev: dict) -> dict:
     }
 
 
-def _trained_tokens(job: dict) -> int | None:
+def _result(job: dict) -> dict | None:
+    """The run's result.json (losses, tokens, runtime, ...) as plain JSON, or None."""
+    import json
+
     from ..events import RunDir
 
     if not job.get("run_dir"):
         return None
-    result = RunDir(job["run_dir"]).read_result() or {}
-    metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else result
-    tokens = metrics.get("tokens") if isinstance(metrics, dict) else None
-    return int(tokens) if isinstance(tokens, (int, float)) else None
+    result = RunDir(job["run_dir"]).read_result()
+    return json.loads(json.dumps(result, default=str)) if isinstance(result, dict) else None

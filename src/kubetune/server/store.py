@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from ..errors import SpecError
 from ..paths import home
-from .models import ApiKey, Checkpoint, File, Job, JobEvent, Project
+from .models import ApiKey, Checkpoint, File, Job, JobEvent, Project, Sweep
 
 __all__ = ["Store", "default_url", "migrate", "new_id", "KEY_PREFIX"]
 
@@ -269,12 +269,15 @@ class Store:
             j = s.scalar(q)
             return _row(j) if j else None
 
-    def list_jobs(self, project_id: str, *, after: str | None = None, limit: int = 20, kind: str | None = None) -> tuple[list[dict], bool]:
-        """The project's jobs, newest first, starting after the job ``after``; and whether more follow."""
+    def list_jobs(self, project_id: str, *, after: str | None = None, limit: int = 20, kind: str | None = None,
+                  sweep_id: str | None = None) -> tuple[list[dict], bool]:
+        """The project's jobs (of one kind, or one sweep's trials), newest first, after the job ``after``; and whether more follow."""
         with self.session() as s:
             q = select(Job).where(Job.project_id == project_id)
             if kind:
                 q = q.where(Job.kind == kind)
+            if sweep_id:
+                q = q.where(Job.sweep_id == sweep_id)
             if after:
                 cursor = s.scalar(select(Job.seq).where(Job.id == after, Job.project_id == project_id))
                 if cursor is not None:
@@ -303,6 +306,25 @@ class Store:
             s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
             s.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
             s.execute(delete(Job).where(Job.id == job_id))
+
+    # -- sweeps -------------------------------------------------------------------------------------
+    def add_sweep(self, **fields: Any) -> dict:
+        """Record a sweep (``id``, ``project_id``, ``name``, ``objective``, ``direction``, ``spec``)."""
+        with self.session() as s:
+            sw = Sweep(created_at=time.time(), **fields)
+            s.add(sw)
+            return _row(sw)
+
+    def get_sweep(self, project_id: str, sweep_id: str) -> dict | None:
+        """The project's sweep (None: none, or another project's)."""
+        with self.session() as s:
+            sw = s.scalar(select(Sweep).where(Sweep.id == sweep_id, Sweep.project_id == project_id))
+            return _row(sw) if sw else None
+
+    def list_sweeps(self, project_id: str) -> list[dict]:
+        """The project's sweeps, newest first."""
+        with self.session() as s:
+            return [_row(sw) for sw in s.scalars(select(Sweep).where(Sweep.project_id == project_id).order_by(Sweep.created_at.desc()))]
 
     # -- events and checkpoints -------------------------------------------------------------------
     def add_events(self, job_id: str, events: list[dict], *, seen: int | None = None, **job_fields: Any) -> None:
