@@ -183,13 +183,14 @@ def wait_for(client, job_id: str, statuses: tuple[str, ...], timeout: float = 18
     raise AssertionError(f"job {job_id} still {job.status} after {timeout} s")
 
 
-def wait_for_step(client, job_id: str, step: int, timeout: float = 180) -> None:
-    """Wait until the job's events report training step ``step`` or later."""
+def wait_for_step(client, job_id: str, step: int, timeout: float = 180) -> float:
+    """Wait until the job's events report training step ``step`` or later; how long after the worker recorded
+    that event the API first showed it (seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for ev in client.fine_tuning.jobs.list_events(job_id, limit=100).data:
             if ev.type == "metrics" and (ev.data or {}).get("step", 0) >= step:
-                return
+                return time.time() - ev.created_at
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} did not reach step {step} in {timeout} s")
 
