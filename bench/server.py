@@ -169,7 +169,7 @@ Workload: {a.clients} concurrent clients (one asyncio loop, httpx, closed loop, 
 
 {table}
 
-The yardstick is the cheapest route of `kubetune serve`'s app (the same FastAPI/uvicorn stack and API-key check, no database): the floor any route of that stack pays at this concurrency on this machine. Listing adds a key lookup (cached for 2 s), one indexed query for the project's newest 20 jobs and their objects; creating adds the request's validation, kubetune's validation of the spec it becomes, and one transaction (the job and two events) while the runner's thread writes the jobs' progress to the same database.""")
+The yardstick is the cheapest route of `kubetune serve`'s app (the same FastAPI/uvicorn stack and API-key check, no database): the floor any route of that stack pays at this concurrency on this machine. Listing adds a key lookup (cached for 2 s), one indexed query for the project's newest 20 jobs and their objects; creating adds the request's validation, kubetune's validation of the spec it becomes, and one transaction (the job and two events) while the runner's thread writes the jobs' progress to the same database. On a machine this small and this busy every stack is CPU-bound at 50 clients, so latency is mostly waiting for a core (the mean latency is clients / requests-per-second, Little's law) and the p99s of several seconds are the same queueing, stretched by the other work on the machine; the ratio of requests/s to the yardstick, measured in the same rounds, is the result.""")
         print("recorded in docs/benchmarks.md")
 
 
