@@ -515,6 +515,20 @@ def _stdout_gone() -> None:
         pass
 
 
+def _closed_stdout_ends_quietly() -> None:
+    """Every rich console in the process (typer's help pages, ``data inspect``, ``presets``, the sweep tables)
+    ends like kubetune's own when its reader goes away (``kubetune --help | head``): exit 141, as a shell
+    reports SIGPIPE, instead of rich's exit 1."""
+    from rich.console import Console
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _stdout_gone()
+        raise SystemExit(C.EXIT_BROKEN_PIPE)
+
+    Console.on_broken_pipe = on_broken_pipe  # type: ignore[method-assign]
+
+
 def _interactive() -> bool:
     """stderr (where library progress bars draw) is a terminal."""
     try:
@@ -535,6 +549,7 @@ def main() -> None:
         quiet_library_notices()  # library notices a user cannot act on (kubetune's own warnings stay)
         if not _interactive():
             disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
+    _closed_stdout_ends_quietly()
     try:
         app()
     except KubetuneError as e:
