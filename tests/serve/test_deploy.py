@@ -163,7 +163,10 @@ def test_results_a_pod_cannot_reach_are_refused(tmp_path):
     saved = {"type": "lora", "lora": {"modules_to_save": ["embed_tokens"]}}  # vLLM would fail at the first request
     with pytest.raises(SpecError, match="modules_to_save") as e:
         render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x", "merge": True}))
-    assert "--merged" in e.value.hint
+    assert e.value.hint == "serve the merged model with --merged"  # the job writes it already
+    with pytest.raises(SpecError, match="modules_to_save") as e:
+        render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x"}))
+    assert "--merged" in e.value.hint and "set output.merge: true" in e.value.hint
     validate(render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x", "merge": True}), merged=True))
     with pytest.raises(SpecError, match="api-key-secret"):
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}), api_key_secret="Bad_Name")

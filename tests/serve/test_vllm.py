@@ -62,6 +62,13 @@ def test_adapters_vllm_cannot_serve_are_refused(artifacts, tmp_path):
     with pytest.raises(SpecError, match="embed_tokens") as e:
         vllm_command(resolve_sources("builtin://tiny-chat", {"s": str(saved)}), ServeOptions())
     assert "kubetune merge" in e.value.hint
+    run = tmp_path / "run"  # a run directory with output.merge: true (the quickstart) has the model vLLM takes
+    shutil.copytree(saved, run / "adapter")
+    (run / "merged").mkdir()
+    (run / "merged" / "config.json").write_text("{}")
+    with pytest.raises(SpecError, match="embed_tokens") as e:
+        vllm_command(resolve_sources("builtin://tiny-chat", {"s": str(run / "adapter")}), ServeOptions())
+    assert e.value.hint == f"serve its merged model: kubetune serve {run / 'merged'} --engine vllm"
 
 
 def test_lora_rank_rounds_up_to_what_vllm_accepts():

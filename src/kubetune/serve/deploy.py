@@ -172,7 +172,7 @@ def serve_sources(job: TuneJob, *, adapters: dict[str, str], merged: bool = Fals
             raise SpecError(
                 f"method.lora.modules_to_save {job.method.lora.modules_to_save}: the job's adapter stores fully trained "
                 "modules, which vLLM's LoRA support cannot load",
-                hint="set output.merge: true and serve the merged model with --merged",
+                hint="serve the merged model with --merged" + ("" if job.output.merge else " (set output.merge: true and run the job again)"),
             )
         model = next(i for i in P.cluster_inputs(job) if i.field == "model.source")
         from .sources import model_name_from_uri

@@ -54,16 +54,26 @@ def vllm_command(plan: ServePlan, options: ServeOptions, *, python: str | None =
                     hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
                 )
             if a.modules_to_save:  # vLLM accepts the adapter at start and fails at its first request
+                merged = _merged_beside(a.path)
                 raise SpecError(
                     f"--adapter {a.name}: the adapter stores fully trained modules ({', '.join(a.modules_to_save)}, "
                     "method.lora.modules_to_save), which vLLM's LoRA support cannot load",
-                    hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
+                    hint=(f"serve its merged model: kubetune serve {merged} --engine vllm" if merged else
+                          "merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers"),
                 )
         rank = max((a.rank or 16) for a in plan.adapters)
         cmd += ["--enable-lora", "--max-loras", str(len(plan.adapters)), "--max-lora-rank", str(lora_rank_option(rank))]
         cmd += ["--lora-modules", *[f"{a.name}={a.path}" for a in plan.adapters]]
     cmd += list(options.extra_vllm_args)
     return cmd
+
+
+def _merged_beside(adapter_path: str) -> str | None:
+    """The run's complete merged model when the adapter sits in a run directory that has one (``output.merge``)."""
+    from pathlib import Path
+
+    merged = Path(adapter_path).parent / C.MERGED_DIR
+    return str(merged) if (merged / "config.json").is_file() else None
 
 
 def vllm_env(options: ServeOptions, base: dict[str, str] | None = None) -> dict[str, str]:
