@@ -409,18 +409,25 @@ def cancel(
 # --- results ---------------------------------------------------------------------------------
 @app.command(cls=PlainHelpCommand)
 def chat(
-    source: str = typer.Argument(
-        f"http://{C.SERVE_HOST}:{C.SERVE_PORT}", metavar="SOURCE", help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in this process."
+    source: Optional[str] = typer.Argument(
+        None, metavar="[SOURCE]", show_default=False,
+        help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in "
+        f"this process. Default: $OPENAI_BASE_URL when set, else http://{C.SERVE_HOST}:{C.SERVE_PORT} (kubetune serve's address).",
     ),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Ask once and exit (otherwise interactive)."),
     system: Optional[str] = typer.Option(None, "--system", help="System message."),
     max_new_tokens: int = typer.Option(128, help="Longest reply in tokens."),
     temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
     model_id: Optional[str] = typer.Option(None, "--model", "-m", help="Server only: the model id (default: the first the server lists)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar=C.ENV_SERVE_API_KEY, help="Server only: bearer key."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar=[C.ENV_SERVE_API_KEY, "OPENAI_API_KEY"], show_envvar=False,
+        help=f"Server only: bearer key (or set {C.ENV_SERVE_API_KEY}, else OPENAI_API_KEY).",
+    ),
 ) -> None:
     """Chat with a trained model: through a server URL, or loaded in this process."""
     from ..serve.chat import RemoteChat, is_url
+
+    source = source or os.environ.get("OPENAI_BASE_URL") or f"http://{C.SERVE_HOST}:{C.SERVE_PORT}"  # the openai client's convention
 
     if is_url(source):
         model = RemoteChat(source, model=model_id, api_key=api_key)
