@@ -68,6 +68,16 @@ def test_lora_job_on_s3_serves_hub_base_plus_adapter(tmp_path):
     assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert main["startupProbe"]["httpGet"]["path"] == "/health"
     assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    # Prometheus finds vLLM's metrics through the conventional pod annotations
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+
+
+def test_the_spec_s_annotations_win_over_the_scrape_annotations(tmp_path):
+    mine = {"prometheus.io/scrape": "false", "team": "nlp"}
+    deployment, *_ = render_serve(job(tmp_path, output={"uri": "s3://results/x"}, kubernetes={"annotations": mine}))
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "false", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics", "team": "nlp"}
 
 
 def test_oci_output_is_fetched_by_tag(tmp_path):
