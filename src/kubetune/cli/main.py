@@ -327,31 +327,74 @@ def _progress_view(st):
     return g
 
 
+_LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and finished times, tokens/s), json or yaml (every status field, raw times)."
+
+
+def _print_data(data, fmt: str) -> None:
+    """Print ``data`` as JSON or YAML (``-o json|yaml``), the same values either way."""
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, default=str))
+    else:
+        import yaml
+
+        typer.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n"))
+
+
+def _check_output(fmt: str, allowed: tuple[str, ...]) -> str:
+    fmt = fmt.lower()
+    if fmt not in allowed:
+        raise KubetuneError(f"-o/--output: {fmt!r} is not one of {', '.join(allowed)}", hint=f"use -o {allowed[-1]}, for example")
+    return fmt
+
+
 @app.command("list", cls=PlainHelpCommand)
-def list_(backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP)) -> None:
+def list_(
+    backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    output: str = typer.Option("table", "-o", "--output", metavar="FORMAT", help=_LIST_OUTPUT_HELP),
+) -> None:
     """List jobs, newest first (in a pipe: every value whole, one job a line)."""
     from rich.markup import escape
     from rich.table import Column, Table
 
     from ..client import Client
+    from ..redact import redact_data
+    from ._output import timestamp
 
+    fmt = _check_output(output, ("table", "wide", "json", "yaml"))
     client = Client(backend)
-    rows = []
+    rows, records = [], []
     for ref in client.list():
         try:
             st = client.status(ref)
         except KubetuneError:
             continue
         except Exception as e:  # one damaged run directory must not hide the others
-            rows.append((ref.id, "unknown", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})"))
+            rows.append((ref.id, "unknown", "", "", "", "", "", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})"))
+            records.append({"job_id": ref.id, "state": "unknown", "run_dir": ref.run_dir, "reason": f"unreadable: {type(e).__name__}: {e}"})
             continue
-        rows.append((ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or ""))
+        data = redact_data(st.to_dict())
+        records.append({"job_id": ref.id, **{k: v for k, v in data.items() if k != "job_id"}, "run_dir": data.get("run_dir", ref.run_dir)})
+        when = lambda t: timestamp(t).replace(" ", "T", 1) if isinstance(t, (int, float)) else ""  # noqa: E731  one word per cell
+        rows.append((ref.id, st.name or "", st.backend or backend, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}",
+                     f"{st.loss:.4f}" if st.loss is not None else "", f"{st.tokens_per_second:.0f}" if st.tokens_per_second else "",
+                     when(st.created_at), when(st.finished_at), ref.run_dir or ""))
+    if fmt in ("json", "yaml"):
+        _print_data(records, fmt)
+        return
+    wide = fmt == "wide"
     # a job id is never cut: the run directory folds onto more lines instead when the terminal is narrow
     id_width = max([len("JOB"), *(len(r[0]) for r in rows)])
-    table = Table(Column("JOB", no_wrap=True, min_width=id_width), Column("STATE", no_wrap=True), "STAGE", "STEP", "LOSS",
-                  Column("RUN DIR", overflow="fold"), box=None)
+    columns = [Column("JOB", no_wrap=True, min_width=id_width)]
+    if wide:
+        columns += [Column("NAME", no_wrap=True), Column("BACKEND", no_wrap=True)]
+    columns += [Column("STATE", no_wrap=True), Column("STAGE"), Column("STEP"), Column("LOSS")]
+    if wide:
+        columns += [Column("TOKENS/S"), Column("CREATED", no_wrap=True), Column("FINISHED", no_wrap=True)]
+    columns.append(Column("RUN DIR", overflow="fold"))
+    table = Table(*columns, box=None)
     for row in rows:
-        table.add_row(*(escape(v) for v in row))
+        picked = row if wide else (row[0], *row[3:7], row[10])
+        table.add_row(*(escape(v) for v in picked))
     _console().print(table)
 
 
@@ -359,7 +402,8 @@ def list_(backend: str = typer.Option("local", "--backend", "-b", metavar="BACKE
 def status(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (times as seconds since the epoch)."),
+    output: str = typer.Option("text", "-o", "--output", metavar="FORMAT", help="text (default: for people, local times), json or yaml (raw values, times as seconds since the epoch)."),
+    as_json: bool = typer.Option(False, "--json", help="The same as -o json."),
 ) -> None:
     """Show a job's state, stage, progress and times (an earlier job id: that job's final status)."""
     from rich.markup import escape
@@ -368,10 +412,11 @@ def status(
     from ..redact import redact_data
     from ._output import status_rows
 
+    fmt = "json" if as_json else _check_output(output, ("text", "json", "yaml"))
     st = Client(backend).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
-    if as_json:
-        typer.echo(json.dumps(data, indent=2, default=str))
+    if fmt in ("json", "yaml"):
+        _print_data(data, fmt)
         return
     out = _console()
     for k, v in status_rows(data, time.time()):
