@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from .. import constants as C
 from ..errors import KubetuneError
 from ..events import EventType
-from ._output import PlainHelpCommand, PlainProgress, console as _output_console, duration, event_text, eval_text
+from ._output import PlainHelpCommand, PlainProgress, check_output_format, closed_stdout_ends_quietly, console as _output_console, duration, event_text, eval_text, print_data
 
 
 class _Commands(TyperGroup):
@@ -330,23 +330,6 @@ def _progress_view(st):
 _LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and finished times, tokens/s), json or yaml (every status field, raw times)."
 
 
-def _print_data(data, fmt: str) -> None:
-    """Print ``data`` as JSON or YAML (``-o json|yaml``), the same values either way."""
-    if fmt == "json":
-        typer.echo(json.dumps(data, indent=2, default=str))
-    else:
-        import yaml
-
-        typer.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n"))
-
-
-def _check_output(fmt: str, allowed: tuple[str, ...]) -> str:
-    fmt = fmt.lower()
-    if fmt not in allowed:
-        raise KubetuneError(f"-o/--output: {fmt!r} is not one of {', '.join(allowed)}", hint=f"use -o {allowed[-1]}, for example")
-    return fmt
-
-
 @app.command("list", cls=PlainHelpCommand)
 def list_(
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
@@ -360,7 +343,7 @@ def list_(
     from ..redact import redact_data
     from ._output import timestamp
 
-    fmt = _check_output(output, ("table", "wide", "json", "yaml"))
+    fmt = check_output_format(output, ("table", "wide", "json", "yaml"))
     client = Client(backend)
     rows, records = [], []
     for ref in client.list():
@@ -379,7 +362,7 @@ def list_(
                      f"{st.loss:.4f}" if st.loss is not None else "", f"{st.tokens_per_second:.0f}" if st.tokens_per_second else "",
                      when(st.created_at), when(st.finished_at), ref.run_dir or ""))
     if fmt in ("json", "yaml"):
-        _print_data(records, fmt)
+        print_data(records, fmt)
         return
     wide = fmt == "wide"
     # a job id is never cut: the run directory folds onto more lines instead when the terminal is narrow
@@ -412,11 +395,11 @@ def status(
     from ..redact import redact_data
     from ._output import status_rows
 
-    fmt = "json" if as_json else _check_output(output, ("text", "json", "yaml"))
+    fmt = "json" if as_json else check_output_format(output, ("text", "json", "yaml"))
     st = Client(backend).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
     if fmt in ("json", "yaml"):
-        _print_data(data, fmt)
+        print_data(data, fmt)
         return
     out = _console()
     for k, v in status_rows(data, time.time()):
@@ -567,20 +550,6 @@ def _stdout_gone() -> None:
         pass
 
 
-def _closed_stdout_ends_quietly() -> None:
-    """Every rich console in the process (typer's help pages, ``data inspect``, ``presets``, the sweep tables)
-    ends like kubetune's own when its reader goes away (``kubetune --help | head``): exit 141, as a shell
-    reports SIGPIPE, instead of rich's exit 1."""
-    from rich.console import Console
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        _stdout_gone()
-        raise SystemExit(C.EXIT_BROKEN_PIPE)
-
-    Console.on_broken_pipe = on_broken_pipe  # type: ignore[method-assign]
-
-
 def _interactive() -> bool:
     """stderr (where library progress bars draw) is a terminal."""
     try:
@@ -601,7 +570,7 @@ def main() -> None:
         quiet_library_notices()  # library notices a user cannot act on (kubetune's own warnings stay)
         if not _interactive():
             disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
-    _closed_stdout_ends_quietly()
+    closed_stdout_ends_quietly(_stdout_gone)
     try:
         app()
     except KubetuneError as e:
