@@ -306,6 +306,8 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
     from .training.sft import load_tokenizer
 
     tokenizer = load_tokenizer(job, inputs["model"])
+    if job.method.preference:  # prompt / chosen / rejected pairs for DPO and ORPO
+        from .data.preference import prepare_preference as prepare_datasets  # noqa: F811 - same signature
     prepared = prepare_datasets(
         job,
         tokenizer,
