@@ -207,11 +207,9 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         rec = {"step": state.global_step, "eval_loss": float(loss), "perplexity": None if self.job.method.preference else perplexity(float(loss)), **_preference(metrics, prefix="eval_")}
         self.evals.append(rec)
         if self.emit:
-            self.run.emit(
-                make_event(EventType.METRICS, f"eval_loss={loss:.4f} perplexity={rec['perplexity']}", total_steps=state.max_steps, **rec)
-            )
             pref = f" reward_accuracy={rec['eval_reward_accuracy']:.3f} reward_margin={rec['eval_reward_margin']:.4f}" if "eval_reward_margin" in rec else ""
-            ppl = "" if pref else f" perplexity={rec['perplexity']}"
+            ppl = "" if self.job.method.preference else f" perplexity={rec['perplexity']}"
+            self.run.emit(make_event(EventType.METRICS, f"eval_loss={loss:.4f}{ppl}{pref}", total_steps=state.max_steps, **rec))
             print(f"[kubetune] eval at step {state.global_step}: loss={loss:.4f}{ppl}{pref}", flush=True)
 
     # -- checkpoints ---------------------------------------------------------------------------

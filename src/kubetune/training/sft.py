@@ -137,6 +137,9 @@ def run_sft(
         from .preference import preference_metrics
 
         metrics["preference"] = preference_metrics(job, trainer.state.log_history)
+        # The headline numbers at the top level too, where sweeps rank and tabulate trials (sweep.objective).
+        found = {**metrics["preference"]["train"], **metrics["preference"]["eval"]}
+        metrics.update({k: found[k] for k in C.PREFERENCE_STATUS_KEYS if k in found})
     if is_main:
         _save_outputs(job, trainer, tokenizer, run)
     elif job.training.strategy == "fsdp":  # the weights are sharded: every rank takes part in gathering them
