@@ -86,3 +86,16 @@ def test_cli_validate_exits_2_naming_the_field(tmp_path, kubetune_cli):
     out = subprocess.run([*kubetune_cli, "validate", str(f)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "method.dpo.reference applies to method.type full only" in out.stderr
+
+
+def test_kubetune_presets_lists_and_shows_the_objectives():
+    import yaml
+    from typer.testing import CliRunner
+
+    from kubetune.cli import app
+
+    listing = CliRunner().invoke(app, ["presets"])
+    assert listing.exit_code == 0 and "method.objective dpo | orpo" in listing.output
+    assert any(line.startswith("dpo") and "Direct Preference Optimization" in line for line in listing.output.splitlines())
+    shown = CliRunner().invoke(app, ["presets", "dpo"])
+    assert shown.exit_code == 0 and yaml.safe_load(shown.output)["method"]["dpo"]["beta"] == 0.1

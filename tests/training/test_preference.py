@@ -100,11 +100,14 @@ def test_orpo_lora_learns_the_preference(pref_job, tmp_path):
     assert result["tokens"] > 0  # both sequences of each pair are counted
 
 
-def test_qlora_dpo_runs_on_the_cpu(pref_job, tmp_path):
-    spec = pref_job("dpo", method={"type": "qlora"}, training={"max_steps": 4, "eval_steps": 4, "save_steps": 4, "logging_steps": 2})
-    _, result = _run(spec, tmp_path)
-    assert result["method"] == "qlora" and result["global_step"] == 4 and result["device"] == "cpu"
-    assert "eval_reward_accuracy" in result["preference"]["eval"]
+@pytest.mark.parametrize("method", ["qlora", "dora"])
+def test_qlora_and_dora_dpo_run_on_the_cpu(method, pref_job, tmp_path):
+    spec = pref_job("dpo", method={"type": method}, training={"max_steps": 4, "eval_steps": 4, "save_steps": 4, "logging_steps": 2})
+    run_dir, result = _run(spec, tmp_path)
+    assert result["method"] == method and result["global_step"] == 4 and result["device"] == "cpu"
+    assert "eval_reward_accuracy" in result["preference"]["eval"] and result["reward_accuracy"] is not None
+    config = json.loads((run_dir / C.ADAPTER_DIR / "adapter_config.json").read_text())
+    assert config["use_dora"] is (method == "dora")  # the adapter it was asked for, alone (no reference copy)
 
 
 def test_full_dpo_uses_the_explicit_reference(pref_job, tmp_path):

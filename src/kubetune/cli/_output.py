@@ -12,6 +12,8 @@ from datetime import datetime
 
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
+from .. import constants as C
+
 # Outside a terminal a line is never wrapped and a table cell never cut: lines are for grep and scripts.
 PLAIN_WIDTH = 100_000
 # Outside a terminal `kubetune run` prints a progress line at most this often, or every tenth of the steps,
@@ -77,6 +79,8 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
         elif key == "eta_seconds" and isinstance(value, (int, float)):
             text = duration(value)
         rows.append((key, text))
+    extra = data.get("extra") or {}
+    rows += [(k, f"{extra[k]:.4g}") for k in C.PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
     return rows
 
 
