@@ -10,7 +10,7 @@ kubetune >= 0.95x the baseline's tokens/s.
 Both count non-padding input tokens (prompt + chosen and prompt + rejected) from the trainer's first hook to
 its last loss log. One untimed warm-up per side, then ``--runs`` runs each, interleaved, medians reported.
 
-    python bench/preference.py                # 3 runs each, 30 steps
+    python bench/preference.py                # 5 runs each, 30 steps
     python bench/preference.py --write-docs   # record the result in docs/benchmarks.md
 """
 
@@ -63,7 +63,7 @@ def spec(path: Path, data: Path, steps: int) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=3, help="runs of each side (default 3)")
+    p.add_argument("--runs", type=int, default=5, help="runs of each side (default 5: single runs vary a lot on a shared machine)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of both sides (OMP_NUM_THREADS; default 1: steadier on a shared machine)")
     p.add_argument("--write-docs", action="store_true", help="record the result in docs/benchmarks.md")
@@ -98,7 +98,7 @@ def main() -> int:
     ratio = tps(kt) / tps(base)
     verdict = "meets" if ratio >= 0.95 else "MISSES"
     load1 = os.getloadavg()[0]
-    cmd = "python bench/preference.py" + (f" --steps {a.steps}" if a.steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 3 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
+    cmd = "python bench/preference.py" + (f" --steps {a.steps}" if a.steps != 30 else "") + (f" --runs {a.runs}" if a.runs != 5 else "") + (f" --threads {a.threads}" if a.threads != 1 else "") + " --write-docs"
     lines = [
         f"The same work: DPO with LoRA (r16, alpha 32, all linear layers; the frozen base as the reference; beta 0.1,",
         f"sigmoid loss) on the builtin tiny model, 256 generated conversational pairs, batch 8, lr 5e-4 cosine, max",
