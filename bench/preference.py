@@ -118,8 +118,8 @@ def main() -> int:
         "medians is the number to read.",
         "",
         "Differences in the work itself: kubetune tokenizes the pairs with its own chat-template renderer (the prompt",
-        "ends with the assistant header, as at inference), TRL with `apply_chat_template`; for ChatML both give the",
-        "same tokens. Both shuffle with seed 42, but the order of the rows differs (kubetune shuffles while preparing),",
+        "ends with the assistant header, as at inference), TRL with `apply_chat_template`; the prompt tokens are the",
+        "template's generation prompt on both sides (tests/data/test_preference.py checks it). Both shuffle with seed 42, but the order of the rows differs (kubetune shuffles while preparing),",
         "so the tokens per run differ slightly.",
     ]
     body = "\n".join(lines)

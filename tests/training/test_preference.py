@@ -135,3 +135,16 @@ def test_dpo_resumes_from_its_checkpoint_like_sft(pref_job, tmp_path):
     for step in range(5, 9):
         assert mine[step] == pytest.approx(theirs[step], rel=1e-3, abs=1e-4), step
     assert result["preference"]["eval"]["eval_reward_accuracy"] == pytest.approx(reference["preference"]["eval"]["eval_reward_accuracy"])
+
+
+def test_dpo_checkpoints_sync_to_output_uri_and_a_fresh_machine_resumes_from_there(pref_job, tmp_path):
+    published = tmp_path / "published"
+    spec = pref_job("dpo", training={"max_steps": 4, "save_steps": 2, "eval_steps": 4, "logging_steps": 1},
+                    output={"dir": str(tmp_path / "run-dpo"), "uri": f"file://{published}"})  # fmt: skip
+    run_dir, first = _run(spec, tmp_path)
+    assert {p.name for p in published.rglob("checkpoint-*") if p.is_dir()} >= {"checkpoint-4"}
+    assert any(json.loads(p.read_text()).get("objective") == "dpo" for p in published.rglob(C.RESULT_FILE))
+    shutil.rmtree(run_dir)  # a new machine: nothing local, the same spec
+    _, again = _run(spec, tmp_path)
+    assert again["resumed_at_step"] == 4 and again["global_step"] == 4  # pulled from output.uri, not trained again
+    assert again["preference"]["objective"] == "dpo"
