@@ -148,3 +148,11 @@ def test_dpo_checkpoints_sync_to_output_uri_and_a_fresh_machine_resumes_from_the
     _, again = _run(spec, tmp_path)
     assert again["resumed_at_step"] == 4 and again["global_step"] == 4  # pulled from output.uri, not trained again
     assert again["preference"]["objective"] == "dpo"
+
+
+def test_kubetune_status_lists_the_reward_metrics():
+    from kubetune.cli._output import status_rows
+
+    rows = dict(status_rows({"state": "running", "step": 3, "extra": {"worker_pid": 1, "reward_accuracy": 0.875, "eval_reward_margin": 1.23456}}, 0.0))
+    assert rows["reward_accuracy"] == "0.875" and rows["eval_reward_margin"] == "1.235"
+    assert "worker_pid" not in rows and "reward_margin" not in rows  # only what the run reported

@@ -12,8 +12,6 @@ from datetime import datetime
 
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
-from .. import constants as C
-
 # Outside a terminal a line is never wrapped and a table cell never cut: lines are for grep and scripts.
 PLAIN_WIDTH = 100_000
 # Outside a terminal `kubetune run` prints a progress line at most this often, or every tenth of the steps,
@@ -79,8 +77,10 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
         elif key == "eta_seconds" and isinstance(value, (int, float)):
             text = duration(value)
         rows.append((key, text))
+    from ..constants import PREFERENCE_STATUS_KEYS
+
     extra = data.get("extra") or {}
-    rows += [(k, f"{extra[k]:.4g}") for k in C.PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
+    rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
     return rows
 
 
