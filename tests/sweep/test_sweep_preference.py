@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from kubetune import constants as C
 from kubetune.sweep import report as R
 from kubetune.sweep.state import Sweep, Trial
@@ -42,3 +44,35 @@ def test_the_cli_table_shows_preference_columns_only_for_preference_trials():
     for t in sft.trials:
         t.metrics = {"eval_loss": 0.4, "train_loss": 0.5}
     assert "REWARD" not in render(sft)
+
+
+@pytest.mark.timeout(900)
+def test_a_dpo_sweep_runs_unchanged_and_ranks_by_held_out_reward_accuracy(tmp_path, tiny_model, kubetune_cli):
+    import json
+    import subprocess
+
+    import yaml
+
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w", encoding="utf-8") as f:
+        for i in range(40):
+            q = [{"role": "user", "content": f"What is {i} plus {i}?"}]
+            f.write(json.dumps({"prompt": q, "chosen": f"Sure! It is {2 * i}.", "rejected": f"No. It is {2 * i + 3}."}) + "\n")
+    spec = tmp_path / "dpo.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "pref",
+        "model": {"source": "builtin://tiny-chat"},
+        "dataset": {"source": str(pairs), "eval_split": 0.2},
+        "method": {"type": "lora", "objective": "dpo", "lora": {"r": 8, "alpha": 16}},
+        "training": {"max_steps": 4, "batch_size": 8, "learning_rate": 3e-3, "max_seq_length": 64, "save_steps": 4, "logging_steps": 2},
+        "sweep": {"dir": str(tmp_path / "sweeps" / "{id}"), "objective": "eval_reward_accuracy", "direction": "maximize"},
+    }))  # fmt: skip
+    run = subprocess.run([*kubetune_cli, "sweep", str(spec), "--grid", "method.dpo.beta=0.05,0.5", "--run-id", "t"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "EVAL_REWARD_ACCURACY" in run.stdout and "REWARD_MARGIN" in run.stdout
+    out = subprocess.run([*kubetune_cli, "sweep", "status", "pref-t", "-o", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    trials = json.loads(out.stdout)["trials"]
+    assert len(trials) == 2 and all(t["state"] == C.STATE_SUCCEEDED for t in trials)
+    assert all(isinstance(t["objective"], float) and "eval_reward_margin" in t for t in trials)
