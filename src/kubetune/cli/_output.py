@@ -83,6 +83,10 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
         elif key == "eta_seconds" and isinstance(value, (int, float)):
             text = duration(value)
         rows.append((key, text))
+    from ..constants import PREFERENCE_STATUS_KEYS
+
+    extra = data.get("extra") or {}
+    rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
     return rows
 
 

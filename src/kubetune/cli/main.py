@@ -192,6 +192,9 @@ def _print_success(ref, out) -> None:
         bits = [f"train_loss={result['train_loss']:.4f}" if isinstance(result.get("train_loss"), (int, float)) else ""]
         if isinstance(result.get("eval_loss"), (int, float)):
             bits.append(f"eval_loss={result['eval_loss']:.4f}")
+        for key in ("eval_reward_accuracy", "eval_reward_margin"):  # DPO / ORPO on held-out pairs
+            if isinstance(result.get(key), (int, float)):
+                bits.append(f"{key}={result[key]:.3f}")
         if isinstance(result.get("tokens_per_second"), (int, float)) and result["tokens_per_second"]:
             bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
         seconds = result.get("total_seconds", result.get("runtime_seconds", 0))
@@ -319,6 +322,9 @@ def _progress_view(st):
         parts.append(f"loss {st.loss:.4f}")
     if st.eval_loss is not None:
         parts.append(f"eval {st.eval_loss:.4f}")
+    for key, label in (("reward_accuracy", "reward acc"), ("reward_margin", "margin")):  # DPO / ORPO
+        if isinstance((st.extra or {}).get(key), (int, float)):
+            parts.append(f"{label} {st.extra[key]:.3f}")
     if st.tokens_per_second:
         parts.append(f"{st.tokens_per_second:.0f} tok/s")
     if st.eta_seconds is not None:
