@@ -73,3 +73,49 @@ def tiny_job(tmp_path):
 def kubetune_cli():
     """The argv prefix that runs the kubetune CLI with this interpreter."""
     return [sys.executable, "-m", "kubetune.cli"]
+
+
+# --- a failed test leaves no worker behind ------------------------------------------------------------
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (``item.rep_call``), for the fixture below."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def _session_workers(home: Path) -> set[int]:
+    """Pids of kubetune workers and launchers started by this test session (their KUBETUNE_HOME is its home)."""
+    found: set[int] = set()
+    want = f"KUBETUNE_HOME={home}".encode()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"kubetune.worker" not in cmdline and b"kubetune.launch" not in cmdline:
+                continue
+            if want in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_a_failed_test(request, kubetune_home):
+    """A test that fails or times out while its detached job still trains would leave that worker running (it
+    has its own session) and slow every later test on a small machine: such workers are killed with their
+    process group. Passing tests are left alone (they clean up after themselves)."""
+    import signal
+
+    before = _session_workers(kubetune_home)
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or not rep.failed:
+        return
+    for pid in _session_workers(kubetune_home) - before:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except OSError:
+            pass

@@ -158,10 +158,11 @@ def test_json_schema_describes_every_section():
 
 def test_dataset_format_choices_are_the_format_registry():
     from kubetune.data.formats import FORMATS
+    from kubetune.data.preference_formats import PREFERENCE_FORMATS
 
     defs = TuneJob.model_json_schema()["$defs"]
     for section in ("DatasetSpec", "DatasetSourceSpec"):
-        assert defs[section]["properties"]["format"]["enum"] == ["auto", *FORMATS]
+        assert defs[section]["properties"]["format"]["enum"] == ["auto", *FORMATS, *PREFERENCE_FORMATS]
     assert load_spec(spec(dataset={"format": list(FORMATS)[-1]})).dataset.format == list(FORMATS)[-1]
     with pytest.raises(SpecError, match="dataset.format: Input should be 'auto', 'messages'"):
         load_spec(spec(dataset={"format": "chatml"}))

@@ -293,3 +293,17 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"  # set by torchrun: processes on this 
 # default, not the user's choice, so each rank chooses its CPU threads itself (kubetune/cpu.py).
 ENV_THREADS_AUTO = "KUBETUNE_CPU_THREADS_AUTO"
 ENV_LAUNCHER_PID = "KUBETUNE_LAUNCHER_PID"  # pid of `python -m kubetune.launch`; rank 0 records it, that launcher records the job's end
+
+# Preference tuning (method.objective dpo, orpo): TRL's log keys -> kubetune's names in events, status and result.json.
+PREFERENCE_LOG_KEYS = {
+    "rewards/accuracies": "reward_accuracy",  # share of pairs whose chosen answer out-scores the rejected one
+    "rewards/margins": "reward_margin",  # mean reward(chosen) - reward(rejected)
+    "rewards/chosen": "rewards_chosen",
+    "rewards/rejected": "rewards_rejected",
+    "logps/chosen": "logps_chosen",  # mean log-probability of the chosen answers under the policy
+    "logps/rejected": "logps_rejected",
+    "nll_loss": "nll_loss",  # ORPO's SFT term
+    "log_odds_ratio": "log_odds_ratio",  # ORPO's preference term
+}
+# The preference metrics status.json carries (under its extra fields) and `kubetune status` shows.
+PREFERENCE_STATUS_KEYS = ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin")

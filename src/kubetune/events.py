@@ -182,6 +182,7 @@ class JobStatus:
             for k in ("step", "total_steps", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "eta_seconds", "peak_memory_mb"):
                 if data.get(k) is not None:
                     setattr(self, k, data[k])
+            self.extra.update({k: data[k] for k in C.PREFERENCE_STATUS_KEYS if data.get(k) is not None})
         elif t == EventType.ERROR:
             self.reason = event.get("message", self.reason)
         elif t == EventType.DONE:

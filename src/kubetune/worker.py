@@ -90,7 +90,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
         _stage(run, is_main, C.STAGE_TRAIN, "training")
         from .training.sft import run_sft
 
-        metrics = run_sft(job, inputs["model"], prepared, run, tokenizer=tokenizer, sync=sync)
+        metrics = run_sft(job, inputs["model"], prepared, run, tokenizer=tokenizer, sync=sync, reference_path=inputs.get("reference"))
         if is_main:
             _stage(run, is_main, C.STAGE_PUBLISH, "publishing results")
             metrics["data"] = prepared.stats
@@ -290,13 +290,14 @@ def _torch_threads() -> int | None:
 
 def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
     """Fetch the model and datasets (:func:`kubetune.storage.fetch`); returns local paths under keys model,
-    dataset, eval_dataset. ``model.revision`` wins over an ``@REV`` in the model's URI (``ModelSpec.pinned_source``)."""
+    dataset, eval_dataset, reference (``method.dpo.reference``). ``model.revision`` wins over an ``@REV`` in the model's URI (``ModelSpec.pinned_source``)."""
     from .storage import fetch
 
     return {
         "model": fetch(job.model.pinned_source),
         "dataset": fetch(job.dataset.source),
         "eval_dataset": fetch(job.dataset.eval_source) if job.dataset.eval_source else None,
+        "reference": fetch(job.method.dpo.reference) if job.method.objective == "dpo" and job.method.dpo.reference else None,
     }
 
 
@@ -306,6 +307,8 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
     from .training.sft import load_tokenizer
 
     tokenizer = load_tokenizer(job, inputs["model"])
+    if job.method.preference:  # prompt / chosen / rejected pairs for DPO and ORPO
+        from .data.preference import prepare_preference as prepare_datasets  # noqa: F811 - same signature
     prepared = prepare_datasets(
         job,
         tokenizer,

@@ -47,3 +47,27 @@ def test_run_stops_following_and_the_job_goes_on(tiny_job, tmp_path, kubetune_cl
         assert yaml.safe_load(st.stdout)["state"] in ("pending", "running", "succeeded"), st.stdout + st.stderr
     finally:
         subprocess.run([*kubetune_cli, "cancel", job_id], capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["run", "--help"],
+    ["presets"],
+    ["data", "inspect", "examples/data/capitals.jsonl", "--model", "builtin://tiny-chat"],
+], ids=["help", "run-help", "presets", "data-inspect"])
+def test_printing_commands_end_quietly_on_a_closed_stdout(kubetune_cli, argv):
+    """`kubetune --help | head`, `kubetune presets | head`: the reader is gone before anything is written, so the
+    very first write fails; every rich console (typer's help pages included) must end as kubetune's own do (141),
+    not with rich's exit 1."""
+    import os
+    from pathlib import Path
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that has already gone away: the first write gets EPIPE
+    try:
+        proc = subprocess.run([*kubetune_cli, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[2])
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr

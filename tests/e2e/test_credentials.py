@@ -126,7 +126,8 @@ def test_a_run_with_credentials_in_its_uri_leaves_them_nowhere(secure_server, tm
     saved = yaml.safe_load((run_dir / C.SPEC_FILE).read_text())
     assert saved["dataset"]["source"].startswith("http://***@") and saved["kubernetes"]["env"]["DB_PASS"] == "***"
 
-    for args in (["status", str(run_dir)], ["status", str(run_dir), "--json"], ["logs", str(run_dir)], ["list"]):
+    for args in (["status", str(run_dir)], ["status", str(run_dir), "--json"], ["status", str(run_dir), "-o", "yaml"], ["logs", str(run_dir)],
+                 ["list"], ["list", "-o", "json"], ["list", "-o", "wide"]):
         r = _cli(kubetune_cli, *args)
         outputs[" ".join(args)] = r.stdout + r.stderr
     assert "step 4/4" in outputs[f"logs {run_dir}"]

@@ -194,11 +194,36 @@ def test_list_and_status_never_crash_on_a_damaged_run_dir(finished, kubetune_cli
     _, run = finished
     for name, data in damage[1].items():
         (run / name).write_bytes(data)
-    for args in (["status", str(run)], ["status", str(run), "--json"], ["list"], ["logs", str(run)]):
+    for args in (["status", str(run)], ["status", str(run), "--json"], ["list"], ["list", "-o", "json"], ["list", "-o", "wide"], ["logs", str(run)]):
         r = _cli(kubetune_cli, *args)
         out = r.stdout + r.stderr
         assert r.returncode in (0, 2), out
         assert "Traceback" not in out, out
+
+
+def test_list_and_status_speak_kubectl_s_output_formats(finished, kubetune_cli):
+    """`-o json|yaml|wide` on list, `-o json|yaml` on status: the same records either way, raw values."""
+    _, run = finished
+    job_id = RunDir(run).read_status().job_id
+    as_json = json.loads(_cli(kubetune_cli, "list", "-o", "json").stdout)
+    mine = [j for j in as_json if j["job_id"] == job_id]
+    assert len(mine) == 1 and mine[0]["state"] == C.STATE_SUCCEEDED and mine[0]["run_dir"] == str(run)
+    assert mine[0]["step"] == mine[0]["total_steps"] == 2 and isinstance(mine[0]["finished_at"], float)
+    assert yaml.safe_load(_cli(kubetune_cli, "list", "-o", "yaml").stdout) == as_json
+
+    wide = _cli(kubetune_cli, "list", "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["JOB", "NAME", "BACKEND", "STATE", "STAGE", "STEP", "LOSS", "TOKENS/S", "CREATED", "FINISHED", "RUN", "DIR"]
+    row = next(line.split() for line in wide if line.split() and line.split()[0] == job_id)
+    assert row[1:4] == ["tiny", "local", C.STATE_SUCCEEDED] and row[-1] == str(run)
+    created, finished_at = row[-3:-1]  # ISO 8601, one word each
+    assert created <= finished_at and finished_at.startswith(time.strftime("%Y-")) and "T" in finished_at
+    assert _cli(kubetune_cli, "list").stdout.splitlines()[0].split() == ["JOB", "STATE", "STAGE", "STEP", "LOSS", "RUN", "DIR"]
+
+    st_json = json.loads(_cli(kubetune_cli, "status", job_id, "-o", "json").stdout)
+    assert st_json == json.loads(_cli(kubetune_cli, "status", job_id, "--json").stdout)
+    assert yaml.safe_load(_cli(kubetune_cli, "status", job_id, "-o", "yaml").stdout) == st_json
+    bad = subprocess.run([*kubetune_cli, "list", "-o", "xml"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'xml' is not one of table, wide, json, yaml" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_a_status_dir_in_place_of_status_json_is_reported_not_crashed(finished, kubetune_cli):

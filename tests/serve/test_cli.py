@@ -88,9 +88,24 @@ def test_interactive_chat_keeps_history(server, kubetune_cli):
     assert f"> {first}\n> {second}\n> " in r.stdout
 
 
+def test_chat_takes_the_openai_client_s_environment(keyed_server, kubetune_cli):
+    """OPENAI_BASE_URL and OPENAI_API_KEY, as the openai client reads them, when no SOURCE or --api-key is given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBETUNE_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    env.update(OPENAI_BASE_URL=keyed_server.url + "/v1", OPENAI_API_KEY=API_KEY)
+    r = subprocess.run([*kubetune_cli, "chat", "-p", "hi", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("> hi\n") and len(r.stdout.splitlines()) == 2, r.stdout
+    env["OPENAI_API_KEY"] = "wrong"
+    r = subprocess.run([*kubetune_cli, "chat", "-p", "hi"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "HTTP 401" in r.stderr, "the key from OPENAI_API_KEY is the one sent"
+    env["KUBETUNE_API_KEY"] = API_KEY  # kubetune's own variable wins
+    r = subprocess.run([*kubetune_cli, "chat", "-p", "hi", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+
+
 def test_chat_errors_name_the_problem(keyed_server, kubetune_cli):
     r = subprocess.run([*kubetune_cli, "chat", keyed_server.url, "-p", "hi"], capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k != "KUBETUNE_API_KEY"})
+                       env={k: v for k, v in os.environ.items() if k not in ("KUBETUNE_API_KEY", "OPENAI_API_KEY")})
     assert r.returncode == 2 and "HTTP 401" in r.stderr and "--api-key" in r.stderr
     r = subprocess.run([*kubetune_cli, "chat", keyed_server.url, "-p", "hi", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "KUBETUNE_API_KEY": API_KEY})

@@ -68,6 +68,16 @@ def test_lora_job_on_s3_serves_hub_base_plus_adapter(tmp_path):
     assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert main["startupProbe"]["httpGet"]["path"] == "/health"
     assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    # Prometheus finds vLLM's metrics through the conventional pod annotations
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+
+
+def test_the_spec_s_annotations_win_over_the_scrape_annotations(tmp_path):
+    mine = {"prometheus.io/scrape": "false", "team": "nlp"}
+    deployment, *_ = render_serve(job(tmp_path, output={"uri": "s3://results/x"}, kubernetes={"annotations": mine}))
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "false", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics", "team": "nlp"}
 
 
 def test_oci_output_is_fetched_by_tag(tmp_path):
@@ -163,7 +173,10 @@ def test_results_a_pod_cannot_reach_are_refused(tmp_path):
     saved = {"type": "lora", "lora": {"modules_to_save": ["embed_tokens"]}}  # vLLM would fail at the first request
     with pytest.raises(SpecError, match="modules_to_save") as e:
         render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x", "merge": True}))
-    assert "--merged" in e.value.hint
+    assert e.value.hint == "serve the merged model with --merged"  # the job writes it already
+    with pytest.raises(SpecError, match="modules_to_save") as e:
+        render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x"}))
+    assert "--merged" in e.value.hint and "set output.merge: true" in e.value.hint
     validate(render_serve(job(tmp_path, method=saved, output={"uri": "s3://r/x", "merge": True}), merged=True))
     with pytest.raises(SpecError, match="api-key-secret"):
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}), api_key_secret="Bad_Name")

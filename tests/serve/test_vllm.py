@@ -46,6 +46,37 @@ def test_plain_model_needs_no_lora_options(artifacts):
     assert cmd[-2:] == ["--gpu-memory-utilization", "0.8"]
 
 
+_HERMES_TEMPLATE = (  # the tool part of Qwen2.5's chat template, shortened
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>\n"
+    "For each function call, return a json object within <tool_call></tool_call> XML tags<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_vllm_parses_tool_calls_when_the_template_renders_them(artifacts, tmp_path, where):
+    """A model whose chat template writes Hermes <tool_call> blocks (Qwen2.5, kubetune's chatml) gets vLLM's tool
+    parser, so OpenAI clients get tool_calls from vLLM as from kubetune serve; one without tools gets none."""
+    plain = vllm_command(resolve_sources("builtin://tiny-chat"), ServeOptions())
+    assert "--tool-call-parser" not in plain and "--enable-auto-tool-choice" not in plain
+    model = tmp_path / "model"
+    shutil.copytree(artifacts.base, model)
+    for f in model.glob("chat_template*.jinja"):
+        f.unlink()
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    if where == "chat_template.jinja":
+        (model / "chat_template.jinja").write_text(_HERMES_TEMPLATE)
+    else:
+        cfg["chat_template"] = [{"name": "default", "template": _HERMES_TEMPLATE}]
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    cmd = vllm_command(resolve_sources(str(model)), ServeOptions())
+    i = cmd.index("--tool-call-parser")
+    assert cmd[i + 1] == "hermes" and "--enable-auto-tool-choice" in cmd
+    mine = vllm_command(resolve_sources(str(model)), ServeOptions(extra_vllm_args=("--tool-call-parser=llama3_json", "--enable-auto-tool-choice")))
+    assert "hermes" not in mine and mine[-2:] == ["--tool-call-parser=llama3_json", "--enable-auto-tool-choice"], "the user's choice wins"
+
+
 def test_adapters_vllm_cannot_serve_are_refused(artifacts, tmp_path):
     dora = tmp_path / "dora"
     shutil.copytree(artifacts.alpha, dora)
@@ -62,6 +93,13 @@ def test_adapters_vllm_cannot_serve_are_refused(artifacts, tmp_path):
     with pytest.raises(SpecError, match="embed_tokens") as e:
         vllm_command(resolve_sources("builtin://tiny-chat", {"s": str(saved)}), ServeOptions())
     assert "kubetune merge" in e.value.hint
+    run = tmp_path / "run"  # a run directory with output.merge: true (the quickstart) has the model vLLM takes
+    shutil.copytree(saved, run / "adapter")
+    (run / "merged").mkdir()
+    (run / "merged" / "config.json").write_text("{}")
+    with pytest.raises(SpecError, match="embed_tokens") as e:
+        vllm_command(resolve_sources("builtin://tiny-chat", {"s": str(run / "adapter")}), ServeOptions())
+    assert e.value.hint == f"serve its merged model: kubetune serve {run / 'merged'} --engine vllm"
 
 
 def test_lora_rank_rounds_up_to_what_vllm_accepts():

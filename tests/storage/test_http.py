@@ -176,6 +176,31 @@ def test_not_found_and_denied(http_server, tmp_path):
     assert out.read_bytes() == b"private"
 
 
+def test_netrc_gives_credentials_for_its_host_and_the_url_s_own_win(http_server, tmp_path, monkeypatch):
+    """docs/storage.md: `~/.netrc` is read for http(s) sources (httpx 0.28 no longer does it by itself)."""
+    (http_server.root / "p.bin").write_bytes(b"private")
+    http_server.auth = ("alice", "s3cr3t-pass")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("NETRC", raising=False)
+    netrc = home / ".netrc"
+    netrc.write_text("machine 127.0.0.1 login alice password s3cr3t-pass\n")
+    netrc.chmod(0o600)
+    assert fetch(f"{http_server.url}/p.bin", tmp_path / "d").read_bytes() == b"private"
+
+    host = http_server.url.split("//", 1)[1]
+    with pytest.raises(SourceError, match="HTTP 401"):  # credentials in the URL win over the netrc entry
+        fetch(f"http://alice:wrong@{host}/p.bin", tmp_path / "d2")
+
+    other = tmp_path / "other-netrc"  # $NETRC names another file, as for curl
+    other.write_text("machine example.org login bob password x\n")
+    other.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(other))
+    with pytest.raises(SourceError, match="HTTP 401"):  # no entry for this host: no credentials sent
+        fetch(f"{http_server.url}/p.bin", tmp_path / "d3")
+
+
 def test_unreachable(tmp_path):
     from _support.fixtures_servers import free_port
 

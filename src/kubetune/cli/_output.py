@@ -7,10 +7,16 @@ pages show plain metavars (SPEC, KEY=VALUE) instead of typer's type labels (``<l
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 
+from typer import echo
+
 from typer.core import TyperArgument, TyperCommand, TyperOption
+
+from ..constants import EXIT_BROKEN_PIPE
+from ..errors import KubetuneError
 
 # Outside a terminal a line is never wrapped and a table cell never cut: lines are for grep and scripts.
 PLAIN_WIDTH = 100_000
@@ -77,6 +83,10 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
         elif key == "eta_seconds" and isinstance(value, (int, float)):
             text = duration(value)
         rows.append((key, text))
+    from ..constants import PREFERENCE_STATUS_KEYS
+
+    extra = data.get("extra") or {}
+    rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
     return rows
 
 
@@ -206,3 +216,35 @@ def _plain(param):
     elif type(param) is TyperOption:
         param.__class__ = _PlainOption
     return param
+
+
+def print_data(data, fmt: str) -> None:
+    """Print ``data`` as JSON or YAML (``-o json|yaml``), the same values either way."""
+    if fmt == "json":
+        echo(json.dumps(data, indent=2, default=str))
+    else:
+        import yaml
+
+        echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n"))
+
+
+def check_output_format(fmt: str, allowed: tuple[str, ...]) -> str:
+    """``fmt`` (an ``-o`` value) in lower case, or one error naming the formats ``allowed``."""
+    fmt = fmt.lower()
+    if fmt not in allowed:
+        raise KubetuneError(f"-o/--output: {fmt!r} is not one of {', '.join(allowed)}", hint=f"use -o {allowed[-1]}, for example")
+    return fmt
+
+
+def closed_stdout_ends_quietly(stdout_gone) -> None:
+    """Every rich console in the process (typer's help pages, ``data inspect``, ``presets``, the sweep tables)
+    ends like kubetune's own when its reader goes away (``kubetune --help | head``): exit 141, as a shell
+    reports SIGPIPE, instead of rich's exit 1."""
+    from rich.console import Console
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        stdout_gone()
+        raise SystemExit(EXIT_BROKEN_PIPE)
+
+    Console.on_broken_pipe = on_broken_pipe  # type: ignore[method-assign]

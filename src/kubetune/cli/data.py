@@ -22,7 +22,12 @@ def register(app: typer.Typer) -> None:
 def inspect(
     source: str = typer.Argument(..., help="Dataset: a file, a directory, a save_to_disk folder, or a URI (hf://, s3://, https://)."),
     model: str = typer.Option("builtin://tiny-chat", "--model", "-m", help="Model whose tokenizer and chat template to use."),
-    format: str = typer.Option("auto", "--format", "-f", help="Row format: auto, messages, sharegpt, prompt_completion, alpaca, text."),
+    format: str = typer.Option(
+        "auto", "--format", "-f", help="Row format: auto, messages, sharegpt, prompt_completion, alpaca, text, preference, preference_implicit."
+    ),
+    objective: str = typer.Option(
+        "auto", "--objective", help="sft, dpo or orpo; auto: dpo when the rows are preference pairs (chosen/rejected), else sft."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Maximum length in tokens (default: the spec's default)."),
     chat_template: Optional[str] = typer.Option(None, "--chat-template", help="Named chat template (default: the tokenizer's own)."),
@@ -53,12 +58,25 @@ def inspect(
     spec: dict = {"name": "inspect", "model": {"source": model}, "dataset": dataset}
     if max_seq_length is not None:
         spec["training"] = {"max_seq_length": max_seq_length}
+    from ..storage import fetch
+
+    if objective == "auto":
+        from pathlib import Path
+
+        from ..data.preference import looks_like_preference
+        from ..data.preference_formats import PREFERENCE_FORMATS
+
+        job = load_spec(spec)
+        preference = format in PREFERENCE_FORMATS or (
+            format == "auto" and looks_like_preference(Path(fetch(job.dataset.source)), dict(job.dataset.columns), split=job.dataset.split)
+        )
+        objective = "dpo" if preference else "sft"
+    spec["method"] = {"objective": objective}
     job = load_spec(spec)
 
     from transformers import AutoTokenizer
 
     from ..data.inspect import inspect_source
-    from ..storage import fetch
 
     tokenizer = AutoTokenizer.from_pretrained(fetch(job.model.pinned_source), trust_remote_code=job.model.trust_remote_code)
     report = inspect_source(job, tokenizer, fetch(job.dataset.source))
@@ -76,6 +94,8 @@ def render_report(report: dict) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    if report.get("objective") in ("dpo", "orpo"):
+        return _render_preference(report)
     parts: list[Any] = []
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -118,4 +138,41 @@ def render_report(report: dict) -> Any:
         for seg in ex["segments"]:
             body.append(seg["text"], style="bold green" if seg["trained"] else "dim")
         parts.append(body)
+    return Group(*parts)
+
+
+def _render_preference(report: dict) -> Any:
+    """A preference report: the pair's prompt (never trained), chosen and rejected answers (trained)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    tok = report["tokens"]
+    for k, v in (
+        ("source", str(report["source"])),
+        ("format", f"{report['format']} (preference pairs for {report['objective']})"),
+        ("rows", f"{report['rows']} usable pairs, {report['bad_rows']} malformed"),
+        ("chat template", report["chat_template"] or "-"),
+        ("tokens per pair", f"prompt + longer answer: min {tok['min']}  p50 {tok['p50']}  p90 {tok['p90']}  max {tok['max']}"),
+        ("trained tokens", f"{report['trained_tokens']} (chosen and rejected answers; prompts are never trained)"),
+        ("over max length", f"{report['over_max_length']} pairs over {report['max_seq_length']} tokens, "
+                            f"{report['prompt_too_long']} whose prompt alone reaches it (dropped)"),
+    ):
+        head.add_row(k, v)
+    parts: list[Any] = [head]
+    for ex in report["bad_examples"]:
+        parts.append(Text(f"  malformed: {ex}", style="yellow"))
+    for note in report["notes"]:
+        parts.append(Text(f"  note: {note}", style="yellow"))
+    ex = report.get("example")
+    if ex:
+        parts.append(Text.assemble(("\nexample ", "bold"), (ex["where"], "dim"), (" (trained tokens in green)", "dim")))
+        for side, label in (("prompt", "prompt (not trained)"), ("chosen", "chosen"), ("rejected", "rejected")):
+            body = Text.assemble((f"{label}: ", "bold"))
+            for seg in ex["pair"][side]:
+                body.append(seg["text"], style="bold green" if seg["trained"] else "dim")
+            parts.append(body)
     return Group(*parts)

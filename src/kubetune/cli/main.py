@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from .. import constants as C
 from ..errors import KubetuneError
 from ..events import EventType
-from ._output import PlainHelpCommand, PlainProgress, console as _output_console, duration, event_text, eval_text
+from ._output import PlainHelpCommand, PlainProgress, check_output_format, closed_stdout_ends_quietly, console as _output_console, duration, event_text, eval_text, print_data
 
 
 class _Commands(TyperGroup):
@@ -194,6 +194,9 @@ def _print_success(ref, out) -> None:
         bits = [f"train_loss={result['train_loss']:.4f}" if isinstance(result.get("train_loss"), (int, float)) else ""]
         if isinstance(result.get("eval_loss"), (int, float)):
             bits.append(f"eval_loss={result['eval_loss']:.4f}")
+        for key in ("eval_reward_accuracy", "eval_reward_margin"):  # DPO / ORPO on held-out pairs
+            if isinstance(result.get(key), (int, float)):
+                bits.append(f"{key}={result[key]:.3f}")
         if isinstance(result.get("tokens_per_second"), (int, float)) and result["tokens_per_second"]:
             bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
         seconds = result.get("total_seconds", result.get("runtime_seconds", 0))
@@ -321,6 +324,9 @@ def _progress_view(st):
         parts.append(f"loss {st.loss:.4f}")
     if st.eval_loss is not None:
         parts.append(f"eval {st.eval_loss:.4f}")
+    for key, label in (("reward_accuracy", "reward acc"), ("reward_margin", "margin")):  # DPO / ORPO
+        if isinstance((st.extra or {}).get(key), (int, float)):
+            parts.append(f"{label} {st.extra[key]:.3f}")
     if st.tokens_per_second:
         parts.append(f"{st.tokens_per_second:.0f} tok/s")
     if st.eta_seconds is not None:
@@ -329,34 +335,58 @@ def _progress_view(st):
     return g
 
 
+_LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and finished times, tokens/s), json or yaml (every status field, raw times)."
+
+
 @app.command("list", cls=PlainHelpCommand)
 def list_(
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    output: str = typer.Option("table", "-o", "--output", metavar="FORMAT", help=_LIST_OUTPUT_HELP),
 ) -> None:
     """List jobs, newest first (in a pipe: every value whole, one job a line)."""
     from rich.markup import escape
     from rich.table import Column, Table
 
     from ..client import Client
+    from ..redact import redact_data
+    from ._output import timestamp
 
+    fmt = check_output_format(output, ("table", "wide", "json", "yaml"))
     client = Client(server or backend)
-    rows = []
+    rows, records = [], []
     for ref in client.list():
         try:
             st = client.status(ref)
         except KubetuneError:
             continue
         except Exception as e:  # one damaged run directory must not hide the others
-            rows.append((ref.id, "unknown", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})"))
+            rows.append((ref.id, "unknown", "", "", "", "", "", "", "", "", f"{ref.run_dir or ''} (unreadable: {type(e).__name__}: {e})"))
+            records.append({"job_id": ref.id, "state": "unknown", "run_dir": ref.run_dir, "reason": f"unreadable: {type(e).__name__}: {e}"})
             continue
-        rows.append((ref.id, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}", f"{st.loss:.4f}" if st.loss is not None else "", ref.run_dir or ""))
+        data = redact_data(st.to_dict())
+        records.append({"job_id": ref.id, **{k: v for k, v in data.items() if k != "job_id"}, "run_dir": data.get("run_dir", ref.run_dir)})
+        when = lambda t: timestamp(t).replace(" ", "T", 1) if isinstance(t, (int, float)) else ""  # noqa: E731  one word per cell
+        rows.append((ref.id, st.name or "", st.backend or backend, st.state, st.stage or "", f"{st.step}/{st.total_steps or '?'}",
+                     f"{st.loss:.4f}" if st.loss is not None else "", f"{st.tokens_per_second:.0f}" if st.tokens_per_second else "",
+                     when(st.created_at), when(st.finished_at), ref.run_dir or ""))
+    if fmt in ("json", "yaml"):
+        print_data(records, fmt)
+        return
+    wide = fmt == "wide"
     # a job id is never cut: the run directory folds onto more lines instead when the terminal is narrow
     id_width = max([len("JOB"), *(len(r[0]) for r in rows)])
-    table = Table(Column("JOB", no_wrap=True, min_width=id_width), Column("STATE", no_wrap=True), "STAGE", "STEP", "LOSS",
-                  Column("RUN DIR", overflow="fold"), box=None)
+    columns = [Column("JOB", no_wrap=True, min_width=id_width)]
+    if wide:
+        columns += [Column("NAME", no_wrap=True), Column("BACKEND", no_wrap=True)]
+    columns += [Column("STATE", no_wrap=True), Column("STAGE"), Column("STEP"), Column("LOSS")]
+    if wide:
+        columns += [Column("TOKENS/S"), Column("CREATED", no_wrap=True), Column("FINISHED", no_wrap=True)]
+    columns.append(Column("RUN DIR", overflow="fold"))
+    table = Table(*columns, box=None)
     for row in rows:
-        table.add_row(*(escape(v) for v in row))
+        picked = row if wide else (row[0], *row[3:7], row[10])
+        table.add_row(*(escape(v) for v in picked))
     _console().print(table)
 
 
@@ -365,7 +395,8 @@ def status(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (times as seconds since the epoch)."),
+    output: str = typer.Option("text", "-o", "--output", metavar="FORMAT", help="text (default: for people, local times), json or yaml (raw values, times as seconds since the epoch)."),
+    as_json: bool = typer.Option(False, "--json", help="The same as -o json."),
 ) -> None:
     """Show a job's state, stage, progress and times (an earlier job id: that job's final status)."""
     from rich.markup import escape
@@ -374,10 +405,11 @@ def status(
     from ..redact import redact_data
     from ._output import status_rows
 
+    fmt = "json" if as_json else check_output_format(output, ("text", "json", "yaml"))
     st = Client(server or backend).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
-    if as_json:
-        typer.echo(json.dumps(data, indent=2, default=str))
+    if fmt in ("json", "yaml"):
+        print_data(data, fmt)
         return
     out = _console()
     for k, v in status_rows(data, time.time()):
@@ -417,18 +449,25 @@ def cancel(
 # --- results ---------------------------------------------------------------------------------
 @app.command(cls=PlainHelpCommand)
 def chat(
-    source: str = typer.Argument(
-        f"http://{C.SERVE_HOST}:{C.SERVE_PORT}", metavar="SOURCE", help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in this process."
+    source: Optional[str] = typer.Argument(
+        None, metavar="[SOURCE]", show_default=False,
+        help="A server URL (OpenAI API, e.g. kubetune serve), or a run directory, model directory or model URI to load in "
+        f"this process. Default: $OPENAI_BASE_URL when set, else http://{C.SERVE_HOST}:{C.SERVE_PORT} (kubetune serve's address).",
     ),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Ask once and exit (otherwise interactive)."),
     system: Optional[str] = typer.Option(None, "--system", help="System message."),
     max_new_tokens: int = typer.Option(128, help="Longest reply in tokens."),
     temperature: float = typer.Option(0.0, help="0 for greedy decoding."),
     model_id: Optional[str] = typer.Option(None, "--model", "-m", help="Server only: the model id (default: the first the server lists)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar=C.ENV_SERVE_API_KEY, help="Server only: bearer key."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar=[C.ENV_SERVE_API_KEY, "OPENAI_API_KEY"], show_envvar=False,
+        help=f"Server only: bearer key (or set {C.ENV_SERVE_API_KEY}, else OPENAI_API_KEY).",
+    ),
 ) -> None:
     """Chat with a trained model: through a server URL, or loaded in this process."""
     from ..serve.chat import RemoteChat, is_url
+
+    source = source or os.environ.get("OPENAI_BASE_URL") or f"http://{C.SERVE_HOST}:{C.SERVE_PORT}"  # the openai client's convention
 
     if is_url(source):
         model = RemoteChat(source, model=model_id, api_key=api_key)
@@ -543,6 +582,7 @@ def main() -> None:
         quiet_library_notices()  # library notices a user cannot act on (kubetune's own warnings stay)
         if not _interactive():
             disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
+    closed_stdout_ends_quietly(_stdout_gone)
     try:
         app()
     except KubetuneError as e:

@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 
 def presets(
-    name: Optional[str] = typer.Argument(None, help="Show one preset in full (lora, qlora, dora, full)."),
+    name: Optional[str] = typer.Argument(None, help="Show one preset in full (lora, qlora, dora, full; objectives dpo, orpo)."),
 ) -> None:
     """List the method presets: the defaults each method.type starts from (a spec overrides them field by field)."""
     import yaml
@@ -21,12 +21,12 @@ def presets(
     from rich.table import Table
 
     from ..errors import SpecError
-    from ..presets import architectures, load_preset, preset_names, preset_values
+    from ..presets import architectures, load_objective, load_preset, objective_names, preset_names, preset_values
 
     if name is not None:
-        if name not in preset_names():
-            raise SpecError(f"no preset '{name}'", hint="available: " + ", ".join(preset_names()))
-        typer.echo(yaml.safe_dump(load_preset(name), sort_keys=False), nl=False)
+        if name not in preset_names() + objective_names():
+            raise SpecError(f"no preset '{name}'", hint="available: " + ", ".join(preset_names() + objective_names()))
+        typer.echo(yaml.safe_dump(load_preset(name) if name in preset_names() else load_objective(name), sort_keys=False), nl=False)
         return
     names = preset_names()
     values = {n: preset_values(n) for n in names}
@@ -49,6 +49,9 @@ def presets(
         "(kubetune validate SPEC shows each value's source). target_modules attention|mlp presets exist for: "
         + ", ".join(architectures())
     )
+    out.print("\nmethod.objective dpo | orpo adds its preset on top (kubetune presets dpo shows one in full):")
+    for n in objective_names():
+        out.print(f"[bold]{n:<6}[/] {load_objective(n).get('description', '')}")
 
 
 def _show(value) -> str:

@@ -274,7 +274,11 @@ def _table(sweep):
     short = [k.rsplit(".", 1)[-1] for k in sweep.params]
     names = [s if short.count(s) == 1 else k for s, k in zip(short, sweep.params)]
     table = Table(title=f"sweep {sweep.id} ({sweep.state}, {sweep.objective} {sweep.direction})", box=None, title_justify="left")
-    for col in ["#", "TRIAL", *names, "STATE", sweep.objective.upper(), "TRAIN_LOSS" if sweep.objective != "train_loss" else "EVAL_LOSS", "STEP", "TIME"]:
+    from ..sweep.report import preference_columns
+
+    preference = preference_columns(sweep)  # DPO / ORPO trials: reward accuracy and margin
+    for col in ["#", "TRIAL", *names, "STATE", sweep.objective.upper(), "TRAIN_LOSS" if sweep.objective != "train_loss" else "EVAL_LOSS",
+                *(m.upper() for m in preference), "STEP", "TIME"]:
         table.add_column(col, justify="right" if col in ("#", "STEP", "TIME") else "left")
     other = "train_loss" if sweep.objective != "train_loss" else "eval_loss"
     for rank, t in enumerate(sweep.ranked(), start=1):
@@ -282,7 +286,7 @@ def _table(sweep):
         seconds = f"{t.finished_at - t.started_at:.0f}s" if t.finished_at and t.started_at else ""
         cells = [
             f"{rank}{' *' if is_best else ''}", t.name, *(_fmt(t.values.get(k)) for k in sweep.params), t.state,
-            _fmt(t.objective), _fmt(t.metrics.get(other)), f"{t.step}/{t.total_steps or '?'}", seconds,
+            _fmt(t.objective), _fmt(t.metrics.get(other)), *(_fmt(t.metrics.get(m)) for m in preference), f"{t.step}/{t.total_steps or '?'}", seconds,
         ]
         table.add_row(*cells, style="bold green" if is_best else ("dim" if t.state not in (C.STATE_SUCCEEDED, C.STATE_RUNNING) else None))
     if best is not None:

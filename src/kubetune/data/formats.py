@@ -51,7 +51,7 @@ _SHAREGPT_ROLES = {
 # Names a user may map their own columns onto with ``dataset.columns`` (kubetune name -> yours).
 COLUMN_NAMES = (
     "messages", "conversations", "prompt", "completion", "instruction", "input", "output", "system", "text",
-    "tools", "role", "content", "from", "value", "weight",
+    "tools", "role", "content", "from", "value", "weight", "chosen", "rejected",
 )  # fmt: skip
 
 

@@ -13,11 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from ..redact import redact_uri
 from ..spec import TuneJob
 from .encode import IGNORE, STATUS
 from .readers import list_files, where
 
-__all__ = ["inspect_source"]
+__all__ = ["inspect_source", "inspect_preference"]
 
 HISTOGRAM_BINS = 10
 
@@ -35,6 +36,9 @@ def inspect_source(job: TuneJob, tokenizer: Any, source: Path, *, log: Callable[
 
     from .cache import cache_root
     from .prepare import SourceInput, _num_proc, choose_template, encode_sources
+
+    if job.method.preference:  # prompt / chosen / rejected pairs (method.objective dpo, orpo)
+        return inspect_preference(job, tokenizer, source)
 
     ds = job.dataset
     sf = list_files(source, split=ds.split)
@@ -85,6 +89,52 @@ def inspect_source(job: TuneJob, tokenizer: Any, source: Path, *, log: Callable[
         return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def inspect_preference(job: TuneJob, tokenizer: Any, source: Path) -> dict:
+    """``kubetune data inspect`` for preference data: format, rows, malformed rows, lengths, and one pair with
+    its prompt, chosen and rejected tokens (trained tokens marked)."""
+    import numpy as np
+
+    from .preference import PairEncoder, read_pairs
+    from .prepare import choose_template
+
+    ds = job.dataset
+    template, template_error, template_lines = choose_template(tokenizer, ds.chat_template)
+    encoder = PairEncoder(tokenizer, template, template_error=template_error or "the tokenizer has no chat template")
+    rows, report = read_pairs(Path(source), ds.source, job, encoder, split=ds.split)
+    limit = job.training.max_seq_length
+    lengths = np.array([r["full_len"] for r in rows], dtype=np.int64)
+    out: dict[str, Any] = {
+        "source": redact_uri(ds.source),
+        "format": report["format"],
+        "objective": job.method.objective,
+        "rows": len(rows),
+        "bad_rows": report["bad_rows"],
+        "bad_examples": report["bad_examples"],
+        "chat_template": getattr(template, "name", None) if encoder.chat_rows else None,
+        "max_seq_length": limit,
+        "tokens": _length_stats(lengths),
+        "trained_tokens": int(sum(len(r["chosen_ids"]) + len(r["rejected_ids"]) for r in rows)),
+        "histogram": _histogram(lengths, limit),
+        "over_max_length": int((lengths > limit).sum()) if len(lengths) else 0,
+        "prompt_too_long": sum(len(r["prompt_ids"]) >= limit for r in rows),
+        "length_handling": ds.length_handling,
+        "notes": [ln.removeprefix("warning: ") for ln in template_lines] if encoder.chat_rows else [],
+        "example": None,
+    }
+    if rows:
+        r = rows[0]
+        decode = tokenizer.decode
+        out["example"] = {
+            "where": r["where"],
+            "pair": {
+                "prompt": [{"text": decode(r["prompt_ids"]), "trained": False}],
+                "chosen": [{"text": decode(r["chosen_ids"]), "trained": True}],
+                "rejected": [{"text": decode(r["rejected_ids"]), "trained": True}],
+            },
+        }
+    return out
 
 
 def _length_stats(lengths: Any) -> dict:

@@ -5,6 +5,10 @@ field (:meth:`kubetune.spec.TuneJob.field_sources` tells which value came from w
 ``method.lora.*`` and ``training.*`` fields only. ``target_modules.yaml`` maps architectures to the
 module names behind ``method.lora.target_modules: attention | mlp``.
 
+A preference objective (``method.objective: dpo | orpo``) adds its own preset from ``objectives/NAME.yaml``
+on top of the method's: its ``method.dpo.*`` / ``method.orpo.*`` values, and training values that may
+depend on ``method.type`` (a mapping from type to value, e.g. the learning rate).
+
 Only YAML is read here, so the CLI's ``validate`` and ``presets`` stay light.
 """
 
@@ -17,12 +21,16 @@ from typing import Any
 
 import yaml
 
-__all__ = ["preset_names", "load_preset", "preset_values", "target_modules_for", "architectures", "PRESET_SECTIONS"]
+__all__ = [
+    "preset_names", "load_preset", "preset_values", "objective_names", "load_objective", "objective_values",
+    "target_modules_for", "architectures", "PRESET_SECTIONS",
+]  # fmt: skip
 
 _HERE = Path(__file__).parent
 _TARGET_MODULES_FILE = "target_modules.yaml"
 # The spec sections a preset may fill (dotted paths from the job's root).
 PRESET_SECTIONS = ("method.lora", "training")
+_OBJECTIVES = _HERE / "objectives"
 
 
 def preset_names() -> list[str]:
@@ -66,6 +74,59 @@ def preset_values(name: str) -> dict[str, Any]:
         raise ValueError(f"preset {name}: presets may set only {', '.join(s + '.*' for s in PRESET_SECTIONS)}")
     flat = {f"method.lora.{k}": v for k, v in lora.items()}
     flat.update({f"training.{k}": v for k, v in training.items()})
+    return flat
+
+
+def objective_names() -> list[str]:
+    """Names of the shipped preference-objective presets (``dpo``, ``orpo``)."""
+    return sorted(p.stem for p in _OBJECTIVES.glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_objective(name: str) -> dict:
+    path = _OBJECTIVES / f"{name}.yaml"
+    if not path.is_file():
+        raise KeyError(name)
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a preset must be a mapping")
+    return data
+
+
+def load_objective(name: str) -> dict:
+    """The objective preset ``name`` as written (a copy).
+
+    Raises:
+        KeyError: no objective preset of that name.
+    """
+    return copy.deepcopy(_read_objective(name))
+
+
+def objective_values(name: str, method_type: str) -> dict[str, Any]:
+    """The objective preset's values for ``method_type``, flattened to dotted paths.
+
+    ``{"method.dpo.beta": 0.1, "training.learning_rate": 5e-6, ...}``; a training value given as a mapping
+    from method type to value takes this type's entry. ``sft`` has no preset (an empty dict).
+
+    Raises:
+        ValueError: the preset sets something outside ``method.NAME`` and ``training`` (a packaging bug).
+    """
+    if name == "sft":
+        return {}
+    data = load_objective(name)
+    data.pop("description", None)
+    method = data.pop("method", None) or {}
+    training = data.pop("training", None) or {}
+    own = method.pop(name, None) or {}
+    if data or method or not isinstance(training, dict) or not isinstance(own, dict):
+        raise ValueError(f"objective preset {name}: presets may set only method.{name}.* and training.*")
+    flat = {f"method.{name}.{k}": v for k, v in own.items()}
+    for k, v in training.items():
+        if isinstance(v, dict):
+            if method_type in v:
+                flat[f"training.{k}"] = v[method_type]
+        else:
+            flat[f"training.{k}"] = v
     return flat
 
 

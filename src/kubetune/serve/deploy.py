@@ -107,9 +107,10 @@ def render_serve(
         return m
 
     pod_spec = _pod_spec(job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=extra_args or [])
-    template_meta: dict = {"labels": dict(labels)}
-    if job.kubernetes.annotations:
-        template_meta["annotations"] = dict(job.kubernetes.annotations)
+    # Prometheus' conventional scrape annotations: vLLM serves its metrics at /metrics on the API port (outside the
+    # API key's reach). The spec's own kubernetes.annotations win.
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(C.SERVE_PORT), "prometheus.io/path": "/metrics"}
+    template_meta: dict = {"labels": dict(labels), "annotations": {**scrape, **dict(job.kubernetes.annotations or {})}}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -172,7 +173,7 @@ def serve_sources(job: TuneJob, *, adapters: dict[str, str], merged: bool = Fals
             raise SpecError(
                 f"method.lora.modules_to_save {job.method.lora.modules_to_save}: the job's adapter stores fully trained "
                 "modules, which vLLM's LoRA support cannot load",
-                hint="set output.merge: true and serve the merged model with --merged",
+                hint="serve the merged model with --merged" + ("" if job.output.merge else " (set output.merge: true and run the job again)"),
             )
         model = next(i for i in P.cluster_inputs(job) if i.field == "model.source")
         from .sources import model_name_from_uri

@@ -54,16 +54,60 @@ def vllm_command(plan: ServePlan, options: ServeOptions, *, python: str | None =
                     hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
                 )
             if a.modules_to_save:  # vLLM accepts the adapter at start and fails at its first request
+                merged = _merged_beside(a.path)
                 raise SpecError(
                     f"--adapter {a.name}: the adapter stores fully trained modules ({', '.join(a.modules_to_save)}, "
                     "method.lora.modules_to_save), which vLLM's LoRA support cannot load",
-                    hint="merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers",
+                    hint=(f"serve its merged model: kubetune serve {merged} --engine vllm" if merged else
+                          "merge it (kubetune merge RUN) and serve the merged model, or use --engine transformers"),
                 )
         rank = max((a.rank or 16) for a in plan.adapters)
         cmd += ["--enable-lora", "--max-loras", str(len(plan.adapters)), "--max-lora-rank", str(lora_rank_option(rank))]
         cmd += ["--lora-modules", *[f"{a.name}={a.path}" for a in plan.adapters]]
-    cmd += list(options.extra_vllm_args)
+    extra = list(options.extra_vllm_args)
+    if renders_hermes_tools(plan.model_dir) and not any(a.split("=")[0] in _TOOL_FLAGS for a in extra):
+        # What kubetune serve's transformers engine parses too: tools in the prompt, <tool_call> JSON in answers.
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    cmd += extra
     return cmd
+
+
+_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
+
+
+def chat_template_text(model_dir) -> str:
+    """The chat template(s) a model directory ships (``chat_template.jinja``, or ``tokenizer_config.json``'s
+    ``chat_template``, a string or a list of named templates), joined; "" when it has none."""
+    import json
+    from pathlib import Path
+
+    d = Path(model_dir)
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in sorted(d.glob("chat_template*.jinja"))]
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = {}
+    tpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    if isinstance(tpl, str):
+        texts.append(tpl)
+    elif isinstance(tpl, list):
+        texts += [t.get("template", "") for t in tpl if isinstance(t, dict) and isinstance(t.get("template"), str)]
+    return "\n".join(texts)
+
+
+def renders_hermes_tools(model_dir) -> bool:
+    """The model's chat template renders tools in the Hermes form (Qwen2.5, Hermes 2 Pro, kubetune's chatml):
+    it reads ``tools`` and writes ``<tool_call>`` blocks, which vLLM's ``hermes`` tool-call parser reads back."""
+    text = chat_template_text(model_dir)
+    return "tools" in text and "<tool_call>" in text
+
+
+def _merged_beside(adapter_path: str) -> str | None:
+    """The run's complete merged model when the adapter sits in a run directory that has one (``output.merge``)."""
+    from pathlib import Path
+
+    merged = Path(adapter_path).parent / C.MERGED_DIR
+    return str(merged) if (merged / "config.json").is_file() else None
 
 
 def vllm_env(options: ServeOptions, base: dict[str, str] | None = None) -> dict[str, str]:

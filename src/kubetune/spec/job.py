@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import constants as C
 from ..data.formats import FORMATS
+from ..data.preference_formats import PREFERENCE_FORMATS
 from .reader import Located
 from .base import _NAME_RE, _SCHEME_RE, _Section, check_uri, register_root
 from .cluster import KfpSpec, KubernetesSpec, check_quantity
@@ -57,7 +58,8 @@ class ModelSpec(_Section):
 # --- dataset ---------------------------------------------------------------------------------
 # The format names come from the data package's registry (a plain table importing nothing of the spec), so a
 # format added there is accepted here and listed in the JSON schema without a second list to keep in step.
-DatasetFormat = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
+# Preference formats (prompt/chosen/rejected rows) are for method.objective dpo and orpo.
+DatasetFormat = Literal[("auto", *FORMATS, *PREFERENCE_FORMATS)]  # type: ignore[valid-type]
 
 
 def _check_columns(v: dict[str, str]) -> dict[str, str]:
@@ -182,15 +184,60 @@ class LoraSpec(_Section):
         return v
 
 
+# TRL DPOConfig.loss_type values that train from (prompt, chosen, rejected) pairs alone.
+DPO_LOSS_TYPES = (
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "apo_zero", "apo_down",
+    "discopop", "sigmoid_norm",
+)  # fmt: skip
+
+
+class DpoSpec(_Section):
+    """DPO settings (method.objective dpo), passed to TRL's DPOConfig."""
+
+    beta: float = Field(0.1, gt=0, le=C.SPEC_MAX_WEIGHT, description="How far the policy may move from the reference: higher stays closer (preset).")
+    loss_type: Literal[DPO_LOSS_TYPES] = Field(  # type: ignore[valid-type]
+        "sigmoid", description="TRL's DPO loss: sigmoid (the paper's), ipo, hinge, robust, ... (preset)."
+    )
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="Assumed share of flipped labels (robust, exo_pair) (preset).")
+    reference: str | None = Field(
+        None,
+        description="The frozen reference model's URI for method.type full (default: a frozen copy of model.source). "
+        "Adapters always use their own base with the adapter switched off, so they take none.",
+    )
+
+    @field_validator("reference")
+    @classmethod
+    def _check_reference(cls, v: str | None) -> str | None:
+        return None if v is None else check_uri(v)
+
+
+class OrpoSpec(_Section):
+    """ORPO settings (method.objective orpo), passed to TRL's ORPOConfig. ORPO has no reference model."""
+
+    beta: float = Field(0.1, gt=0, le=C.SPEC_MAX_WEIGHT, description="Weight of the odds-ratio term against the SFT term (the paper's lambda) (preset).")
+
+
 class MethodSpec(_Section):
-    """How the model is adapted."""
+    """How the model is adapted, and what it is trained to do."""
 
     type: Literal["full", "lora", "qlora", "dora"] = Field(
         "lora",
         description="full fine-tune, LoRA, QLoRA (4-bit NF4 base via bitsandbytes) or DoRA; picks the preset that "
         "fills the fields marked (preset).",
     )
+    objective: Literal["sft", "dpo", "orpo"] = Field(
+        "sft",
+        description="sft: learn the answers (supervised); dpo or orpo: learn to prefer the chosen answer over the rejected "
+        "one (preference data: prompt/chosen/rejected). dpo and orpo add their preset on top of method.type's.",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings (ignored for full).")
+    dpo: DpoSpec = Field(default_factory=DpoSpec, description="DPO settings (objective dpo).")
+    orpo: OrpoSpec = Field(default_factory=OrpoSpec, description="ORPO settings (objective orpo).")
+
+    @property
+    def preference(self) -> bool:
+        """True for the preference objectives (dpo, orpo)."""
+        return self.objective != "sft"
 
 
 # --- training --------------------------------------------------------------------------------
@@ -358,9 +405,7 @@ class TuneJob(_Section):
     @model_validator(mode="after")
     def _apply_method_preset(self) -> "TuneJob":
         """Fill every method.lora / training field that the spec leaves unset from the method's preset."""
-        from ..presets import preset_values
-
-        for path, value in preset_values(self.method.type).items():
+        for path, value in _preset_values(self.method.type, self.method.objective).items():
             section_path, _, name = path.rpartition(".")
             section: Any = self
             for part in section_path.split("."):
@@ -370,6 +415,36 @@ class TuneJob(_Section):
             setattr(section, name, value)
             # Still unset by the spec, so that changing method.type later applies the new preset.
             section.model_fields_set.discard(name)
+        return self
+
+    @model_validator(mode="after")
+    def _objective(self) -> "TuneJob":
+        m, ds = self.method, self.dataset
+        formats = [ds.format] + [x.format for x in ds.mix]
+        if m.preference:
+            if m.dpo.reference and m.objective != "dpo":
+                raise ValueError("method.dpo.reference applies to method.objective dpo only: ORPO has no reference model (remove it)")
+            if m.dpo.reference and m.type != "full":
+                raise ValueError(
+                    "method.dpo.reference applies to method.type full only: adapters (lora, qlora, dora) use their frozen base "
+                    "model as the reference (remove method.dpo.reference)"
+                )
+            wrong = [f for f in formats if f != "auto" and f not in PREFERENCE_FORMATS]
+            if wrong:
+                raise ValueError(
+                    f"dataset.format {wrong[0]} holds no preference pairs, and method.objective {m.objective} needs them: "
+                    f"use {' or '.join(PREFERENCE_FORMATS)} (or auto), or method.objective sft"
+                )
+            if ds.mix:
+                raise ValueError(f"dataset.mix is not supported with method.objective {m.objective} yet: combine the preference files into one dataset.source")
+            if self.training.packing:
+                raise ValueError(f"training.packing does not apply to method.objective {m.objective} (pairs are not packed); set it to false")
+            if ds.train_on_inputs:
+                raise ValueError(f"dataset.train_on_inputs does not apply to method.objective {m.objective}: prompts are never trained; set it to false")
+        else:
+            wrong = [f for f in formats if f in PREFERENCE_FORMATS]
+            if wrong:
+                raise ValueError(f"dataset.format {wrong[0]} is preference data: set method.objective to dpo or orpo, or pick an SFT format")
         return self
 
     @model_validator(mode="after")
@@ -421,10 +496,11 @@ class TuneJob(_Section):
 
     def field_sources(self) -> dict[str, str]:
         """Where each effective value came from, by dotted path: ``spec``, ``preset NAME`` or ``default``."""
-        from ..presets import preset_values
+        from ..presets import objective_values, preset_values
 
         out: dict[str, str] = {}
-        preset, preset_paths = f"preset {self.method.type}", preset_values(self.method.type)
+        m = self.method
+        type_paths, objective_paths = preset_values(m.type), objective_values(m.objective, m.type)
 
         def walk(model: BaseModel, prefix: str) -> None:
             for name in type(model).model_fields:
@@ -433,8 +509,10 @@ class TuneJob(_Section):
                     walk(value, path + ".")
                 elif name in model.model_fields_set:
                     out[path] = "spec"
-                elif path in preset_paths:
-                    out[path] = preset
+                elif path in objective_paths:
+                    out[path] = f"preset {m.objective}"
+                elif path in type_paths:
+                    out[path] = f"preset {m.type}"
                 else:
                     out[path] = "default"
 
@@ -470,6 +548,13 @@ class TuneJob(_Section):
         """
         data = self.model_dump(mode="python", exclude_unset=True)
         return validate_job(data, overrides, located=Located())  # errors in overridden fields name their override
+
+
+def _preset_values(method_type: str, objective: str) -> dict[str, Any]:
+    """The method type's preset with the objective's on top (dotted paths)."""
+    from ..presets import objective_values, preset_values
+
+    return {**preset_values(method_type), **objective_values(objective, method_type)}
 
 
 register_root(TuneJob)

@@ -9,6 +9,7 @@ resumes too. The OCI transport uses :func:`stream_to_file` for registry blobs.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import os
@@ -47,10 +48,51 @@ class Remote:
         return None
 
 
-def client(**kw: Any):
-    """An httpx client with kubetune's timeouts (credentials in the URL become Basic auth; .netrc is read)."""
+def netrc_login(host: str | None, path: str | None = None) -> tuple[str, str] | None:
+    """(login, password) for ``host`` from the netrc file (``$NETRC``, else ``~/.netrc``), as curl and pip read
+    it; None when there is no file, no entry for the host (nor a ``default`` entry) or the file cannot be parsed."""
+    import netrc
+
+    if not host:
+        return None
+    path = path or os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if not os.path.isfile(path):
+        return None
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError) as e:
+        log.warning("%s: cannot be read, so it gives no credentials (%s)", path, e)
+        return None
+    if not entry:
+        return None
+    login, _account, password = entry
+    return login or "", password or ""
+
+
+def _auth():
+    """Basic auth from the URL's ``user:password@``, else from the netrc file for the URL's host. httpx 0.28
+    no longer reads netrc itself, and a client-level auth would make it ignore the URL's credentials."""
     import httpx
 
+    class _UrlOrNetrcAuth(httpx.Auth):
+        def auth_flow(self, request):
+            if "authorization" not in request.headers:
+                url = request.url
+                creds = (url.username, url.password) if (url.username or url.password) else netrc_login(url.host)
+                if creds:
+                    token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+                    request.headers["Authorization"] = f"Basic {token}"
+            yield request
+
+    return _UrlOrNetrcAuth()
+
+
+def client(**kw: Any):
+    """An httpx client with kubetune's timeouts (credentials in the URL become Basic auth, else ~/.netrc's
+    entry for the host is used, as curl does with --netrc)."""
+    import httpx
+
+    kw.setdefault("auth", _auth())
     return httpx.Client(
         timeout=httpx.Timeout(60.0, connect=10.0),
         follow_redirects=True,

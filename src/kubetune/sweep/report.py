@@ -19,11 +19,16 @@ from typing import Any
 from .. import constants as C
 from .state import Sweep, Trial
 
-__all__ = ["rows", "write_csv", "write_json", "plot_losses", "write_html", "write_reports", "Curves"]
+__all__ = ["rows", "write_csv", "write_json", "plot_losses", "write_html", "write_reports", "Curves", "preference_columns"]
 
 # trial name -> metric ("loss", "eval_loss") -> [(step, value), ...]
 Curves = dict[str, dict[str, list[tuple[int, float]]]]
 _EXTRA_METRICS = ("train_loss", "eval_loss", "perplexity", "tokens_per_second")
+
+
+def preference_columns(sweep: Sweep) -> list[str]:
+    """The preference metrics (DPO, ORPO: reward accuracy and margin) some trial reports, the objective left out."""
+    return [m for m in C.PREFERENCE_STATUS_KEYS if m != sweep.objective and any(m in t.metrics for t in sweep.trials)]
 
 
 def rows(sweep: Sweep) -> list[dict[str, Any]]:
@@ -35,6 +40,7 @@ def rows(sweep: Sweep) -> list[dict[str, Any]]:
         row.update({key: t.values.get(key) for key in sweep.params})
         row.update(state=t.state, objective=t.objective)
         row.update({m: t.metrics.get(m) for m in _EXTRA_METRICS if m != sweep.objective})
+        row.update({m: t.metrics.get(m) for m in preference_columns(sweep)})
         row.update(
             step=t.step, total_steps=t.total_steps, attempts=t.attempts, resumed=t.resumed,
             seconds=round(t.finished_at - t.started_at, 1) if t.finished_at and t.started_at else None,

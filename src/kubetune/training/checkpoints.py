@@ -74,8 +74,11 @@ def incomplete_checkpoints(ckpt_dir: Path) -> list[Path]:
 
 def checkpoint_fingerprint(job: TuneJob) -> str:
     """What a checkpoint must agree on to be resumed: the model and the method (not epochs or learning rate)."""
-    method = job.method.model_dump(mode="json") if job.method.type != "full" else "full"
-    key = {"model": job.model.source, "method": method}
+    m = job.method
+    method = m.model_dump(mode="json", exclude={"objective", "dpo", "orpo"}) if m.type != "full" else "full"
+    key: dict = {"model": job.model.source, "method": method}
+    if m.preference:  # an SFT checkpoint does not continue as DPO/ORPO (beta and friends may change, like the learning rate)
+        key["objective"] = m.objective
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

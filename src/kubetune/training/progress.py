@@ -162,13 +162,15 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             tokens_per_second=round(tps, 1) if tps else None,
             eta_seconds=round(eta, 1) if eta is not None else None,
             peak_memory_mb=self.peak_memory_mb,
+            **_preference(logs),  # DPO / ORPO: reward accuracy and margin, rewards and log-probabilities
         )
+        pref = f" reward_accuracy={rec['reward_accuracy']:.3f} reward_margin={rec['reward_margin']:.4f}" if "reward_margin" in rec else ""
         if self.emit:
-            self.run.emit(make_event(EventType.METRICS, f"step {step}/{total} loss={loss:.4f}", **rec))
+            self.run.emit(make_event(EventType.METRICS, f"step {step}/{total} loss={loss:.4f}{pref}", **rec))
             print(
                 f"[kubetune] step {step}/{total} loss={loss:.4f} lr={rec['learning_rate'] or 0:.3g} "
                 f"grad_norm={grad_norm if grad_norm is None else round(grad_norm, 4)} tokens/s={rec['tokens_per_second']} "
-                f"eta={rec['eta_seconds']}s",
+                f"eta={rec['eta_seconds']}s{pref}",
                 flush=True,
             )
         self._check_health(step, loss, grad_norm, control, loss_scaling=bool(getattr(args, "fp16", False)))
@@ -202,13 +204,13 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         loss = (metrics or {}).get("eval_loss")
         if loss is None:
             return
-        rec = {"step": state.global_step, "eval_loss": float(loss), "perplexity": perplexity(float(loss))}
+        rec = {"step": state.global_step, "eval_loss": float(loss), "perplexity": None if self.job.method.preference else perplexity(float(loss)), **_preference(metrics, prefix="eval_")}
         self.evals.append(rec)
         if self.emit:
-            self.run.emit(
-                make_event(EventType.METRICS, f"eval_loss={loss:.4f} perplexity={rec['perplexity']}", total_steps=state.max_steps, **rec)
-            )
-            print(f"[kubetune] eval at step {state.global_step}: loss={loss:.4f} perplexity={rec['perplexity']}", flush=True)
+            pref = f" reward_accuracy={rec['eval_reward_accuracy']:.3f} reward_margin={rec['eval_reward_margin']:.4f}" if "eval_reward_margin" in rec else ""
+            ppl = "" if self.job.method.preference else f" perplexity={rec['perplexity']}"
+            self.run.emit(make_event(EventType.METRICS, f"eval_loss={loss:.4f}{ppl}{pref}", total_steps=state.max_steps, **rec))
+            print(f"[kubetune] eval at step {state.global_step}: loss={loss:.4f}{ppl}{pref}", flush=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def on_save(self, args, state, control, **kw):
@@ -224,6 +226,13 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             self.run.emit(make_event(EventType.CHECKPOINT, f"removed {old.name} (training.save_total_limit={self.job.training.save_total_limit})", path=str(old), removed=True))
         if self.sync is not None:
             self.sync.checkpoint_saved(ckpt)
+
+
+def _preference(logs: dict, *, prefix: str = "") -> dict:
+    """The preference metrics of a DPO/ORPO log under kubetune's names (empty for SFT)."""
+    from .preference import log_metrics
+
+    return log_metrics(logs, prefix=prefix)
 
 
 def log_history_losses(log_history: list[dict]) -> list[dict]:

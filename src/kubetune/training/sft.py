@@ -31,8 +31,13 @@ __all__ = ["run_sft", "plan_run", "load_tokenizer", "find_resume_checkpoint", "c
 _TRACKING_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
 
 
-def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, tokenizer: Any = None, sync: Any = None) -> dict:
+def run_sft(
+    job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, tokenizer: Any = None, sync: Any = None, reference_path: Path | None = None
+) -> dict:
     """Train ``job`` on ``prepared`` data starting from the model at ``model_path``.
+
+    Every ``method.objective`` trains here: SFT with TRL's SFTTrainer, DPO and ORPO with TRL's preference
+    trainers (:mod:`.preference`; ``reference_path`` is the local ``method.dpo.reference`` of a full DPO fine-tune).
 
     Writes checkpoints under ``run/checkpoints`` (each marked complete once fully written), the adapter
     (``adapter/``) or model (``model/``) into the run directory, and progress events.
@@ -65,14 +70,18 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
         progress = ProgressCallback(run, job, device, plan, emit=is_main, sync=sync)  # before any library sees the spec
         model = load_model(job, model_path, device)
         trainable, total = count_parameters(model)
-        trainer = SFTTrainer(
-            model=model,
-            args=_setup_args(job, run, device, plan, has_eval=prepared.eval is not None),
-            train_dataset=prepared.train,
-            eval_dataset=prepared.eval,
-            processing_class=tokenizer,
-            callbacks=[progress],
-        )
+        args = _setup_args(job, run, device, plan, has_eval=prepared.eval is not None)
+        if job.method.preference:  # DPO / ORPO: TRL's preference trainers over the same loop (training/preference.py)
+            from .preference import make_preference_trainer
+
+            trainer = make_preference_trainer(
+                job, model, args, prepared, tokenizer, [progress], model_path=model_path, reference_path=reference_path
+            )
+        else:
+            trainer = SFTTrainer(
+                model=model, args=args, train_dataset=prepared.train, eval_dataset=prepared.eval,
+                processing_class=tokenizer, callbacks=[progress],
+            )  # fmt: skip
         trainer.remove_callback(PrinterCallback)  # progress goes through our events instead
         resume = distributed.resume_point(resume)  # every rank resumes from rank 0's checkpoint
         if resume is not None:
@@ -97,10 +106,11 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
     losses = log_history_losses(trainer.state.log_history)
     metrics: dict[str, Any] = {
         "method": job.method.type,
+        "objective": job.method.objective,
         "train_loss": mean_loss(losses),
         "final_loss": losses[-1]["loss"] if losses else None,
         "eval_loss": final_eval,
-        "perplexity": perplexity(final_eval),
+        "perplexity": None if job.method.preference else perplexity(final_eval),  # a preference loss is no likelihood
         "global_step": trainer.state.global_step,
         "total_steps": plan.total_steps,
         "steps_per_epoch": plan.steps_per_epoch,
@@ -123,6 +133,13 @@ def run_sft(job: TuneJob, model_path: Path, prepared: Any, run: RunDir, *, token
         "device": device["name"],
         "precision": dataclasses.asdict(precision(job, device)),
     }
+    if job.method.preference:
+        from .preference import preference_metrics
+
+        metrics["preference"] = preference_metrics(job, trainer.state.log_history)
+        # The headline numbers at the top level too, where sweeps rank and tabulate trials (sweep.objective).
+        found = {**metrics["preference"]["train"], **metrics["preference"]["eval"]}
+        metrics.update({k: found[k] for k in C.PREFERENCE_STATUS_KEYS if k in found})
     if is_main:
         _save_outputs(job, trainer, tokenizer, run)
     elif job.training.strategy == "fsdp":  # the weights are sharded: every rank takes part in gathering them
@@ -168,7 +185,7 @@ def _setup_args(job: TuneJob, run: RunDir, device: dict, plan: Plan, *, has_eval
         compat["warmup_ratio"] = t.warmup_ratio
     else:
         compat["warmup_steps"] = t.warmup_ratio  # a float below 1 is a ratio
-    return SFTConfig(
+    common: dict[str, Any] = dict(
         output_dir=str(run.checkpoints_dir),
         run_name=job.name,
         per_device_train_batch_size=t.batch_size,
@@ -196,16 +213,23 @@ def _setup_args(job: TuneJob, run: RunDir, device: dict, plan: Plan, *, has_eval
         use_cpu=device["type"] == "cpu",
         disable_tqdm=True,
         max_length=t.max_seq_length,
-        # packing (owned by data/packing.py): rows arrive packed with seq_lengths; packing=True makes TRL use its
-        # padding-free collator, whose position_ids restart per row, so transformers masks across rows (sdpa,
-        # eager) and flash-attention gets cu_seq_lens. skip_prepare_dataset keeps TRL from packing again.
-        packing=job.training.packing,
-        dataset_kwargs={"skip_prepare_dataset": True},  # rows arrive tokenized with their loss masks
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         remove_unused_columns=False,
         **compat,
         **distributed.trainer_args(job, device),  # backend, collective timeout, ddp/fsdp
+    )
+    if job.method.preference:
+        from .preference import preference_config
+
+        return preference_config(job, common)
+    return SFTConfig(
+        **common,
+        # packing (owned by data/packing.py): rows arrive packed with seq_lengths; packing=True makes TRL use its
+        # padding-free collator, whose position_ids restart per row, so transformers masks across rows (sdpa,
+        # eager) and flash-attention gets cu_seq_lens. skip_prepare_dataset keeps TRL from packing again.
+        packing=job.training.packing,
+        dataset_kwargs={"skip_prepare_dataset": True},  # rows arrive tokenized with their loss masks
     )
 
 

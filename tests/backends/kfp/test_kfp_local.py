@@ -152,3 +152,24 @@ def _pgrp(proc: Path) -> int | None:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_a_dpo_job_runs_unchanged_as_a_local_pipeline(tiny_job, tmp_path):
+    """method.objective dpo through fetch -> train -> publish: the same contract, with the preference metrics."""
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w", encoding="utf-8") as f:
+        for i in range(16):
+            q = [{"role": "user", "content": f"What is {i} plus {i}?"}]
+            f.write(json.dumps({"prompt": q, "chosen": f"Sure! It is {2 * i}.", "rejected": f"No. It is {2 * i + 3}."}) + "\n")
+    spec = tiny_job(dataset={"source": str(pairs)}, method={"type": "lora", "objective": "dpo", "lora": {"r": 8, "alpha": 16}}, training=FAST)
+    client = Client("kfp")
+
+    ref = client.submit(spec)
+    st = client.wait(ref, timeout=1200, poll=1.0)
+
+    assert st.state == C.STATE_SUCCEEDED, st.reason
+    _check_contract(Path(ref.run_dir))
+    result = RunDir(ref.run_dir).read_result()
+    assert result["objective"] == "dpo" and result["data"]["format"] == "preference"
+    assert "reward_accuracy" in result["preference"]["train"] and result["eval_reward_accuracy"] is not None
+    assert "reward_accuracy" in st.extra

@@ -235,6 +235,7 @@ def test_own_gpu_nodes_by_node_selector():
 ERRORS = [
     (dict(method={"type": "full"}), ["method.type full", "kaito tunes with lora or qlora; use --flavor job"]),
     (dict(method={"type": "dora"}), ["method.type dora", "use --flavor job"]),
+    (dict(method={"type": "lora", "objective": "dpo"}), ["method.objective dpo", "supervised fine-tuning only"]),
     (dict(dataset={"source": "examples/data/capitals.jsonl"}), ["dataset.source", "local path", "Kaito's data-downloader fetches http(s) URLs or an image", "oci://"]),
     (dict(dataset={"source": "s3://datasets/capitals.jsonl"}), ["dataset.source s3://", "Kaito's data-downloader fetches http(s) URLs or an image"]),
     (dict(dataset={"source": "https://localhost:8080/capitals.jsonl"}), ["dataset.source", "localhost"]),

@@ -382,3 +382,14 @@ def test_mixed_datasets_are_fetched_and_the_spec_points_at_them(tmp_path):
     shared = _job("amd-2x4", ["kubernetes.workspace.volume=pvc", "kubernetes.workspace.size=1Ti", "kubernetes.workspace.access_modes=[ReadWriteMany]"], dataset={"source": "s3://d/main.jsonl", "mix": [{"source": "s3://d/more.jsonl"}]})
     mounts = {m["mountPath"]: m["name"] for m in render(shared, "job")[-1]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[f"{C.K8S_WORKSPACE}/mix-0"] == "inputs"
+
+
+@pytest.mark.parametrize("flavor", ["job", "pytorchjob"])
+def test_a_full_dpo_reference_is_fetched_like_the_model(flavor):
+    """method.dpo.reference gets its own init container, and the worker reads the fetched copy."""
+    job = _job("gpu-pvc", ["method.type=full", "method.objective=dpo", "method.dpo.reference=hf://Qwen/Qwen2.5-0.5B-Instruct@sft-v1"])
+    pod = _pod_specs(_workload(render(job, flavor)))[0]
+    inits = {c["name"]: c for c in pod["initContainers"]}
+    ref_dir = f"{C.K8S_WORKSPACE}/reference"
+    assert inits["fetch-reference"]["command"] == ["kubetune", "fetch", "hf://Qwen/Qwen2.5-0.5B-Instruct@sft-v1", ref_dir]
+    assert f"method.dpo.reference={ref_dir}" in pod["containers"][0]["args"]

@@ -113,7 +113,12 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
             _stage(run if is_main else None, C.STAGE_TRAIN, "training")
             from ...training.sft import run_sft
 
-            metrics = run_sft(job, inputs["model"], prepared, run, tokenizer=tokenizer, sync=sync)
+            reference = None
+            if job.method.objective == "dpo" and job.method.dpo.reference:  # a full DPO fine-tune's frozen reference
+                from ...storage import fetch
+
+                reference = fetch(job.method.dpo.reference)
+            metrics = run_sft(job, inputs["model"], prepared, run, tokenizer=tokenizer, sync=sync, reference_path=reference)
         finally:
             if sync is not None:
                 sync.close(timeout=600)

@@ -59,6 +59,8 @@ def check(job: TuneJob) -> None:
     m, d, r, k = job.method, job.dataset, job.resources, job.kubernetes
     if m.type not in ("lora", "qlora"):
         raise SpecError(f"method.type {m.type}: kaito tunes with lora or qlora; use --flavor job")
+    if m.objective != "sft":
+        raise SpecError(f"method.objective {m.objective}: Kaito's tuning Workspace does supervised fine-tuning only", hint=_JOB_HINT)
     preset_name(job)  # model.source errors next: they say the most about whether Kaito fits at all
     if d.mix:
         raise SpecError("dataset.mix: Kaito trains on one dataset", hint="merge the files into dataset.source, or " + _JOB_HINT)

@@ -59,6 +59,8 @@ def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
         ("dataset.source", "data", C.K8S_DATA_DIR, d.source),
         ("dataset.eval_source", "eval", C.K8S_EVAL_DIR, d.eval_source),
     ]
+    if job.method.objective == "dpo" and job.method.dpo.reference:  # a full DPO fine-tune's frozen reference model
+        fields.append(("method.dpo.reference", "reference", f"{C.K8S_WORKSPACE}/reference", job.method.dpo.reference))
     for i, extra in enumerate(getattr(d, "mix", None) or []):  # more datasets trained together with source
         fields.append((f"dataset.mix.{i}.source", f"mix-{i}", f"{C.K8S_WORKSPACE}/mix-{i}", extra.source))
     return fields
