@@ -23,12 +23,18 @@ $(BIN)/kubetune: pyproject.toml
 
 setup: $(BIN)/kubetune
 
-# System packages the tests use: Debian's OCI registry (docker-registry), run on 127.0.0.1 by a fixture.
+# System packages the tests use: Debian's OCI registry (docker-registry) and PostgreSQL (tests/server run the
+# jobs service on it too), each started on 127.0.0.1 or a socket by a fixture.
 test-deps:
 	@if ! command -v docker-registry >/dev/null 2>&1 && [ ! -x /usr/bin/docker-registry ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  echo "test-deps: installing docker-registry (Debian package)"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker-registry >/dev/null; \
+	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "test-deps: installing postgresql (Debian package)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
 	fi
 
 QUESTION ?= What is the capital of France?

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("worker", "launch", "distributed"),
     ("backends",),
     ("client", "sweep", "serve"),
+    ("server",),  # the jobs service: drives backends through the client, chats through serve
     ("cli",),
 ]
 # Upward arrows that are part of the design, each with its reason.

@@ -16,15 +16,18 @@ __all__ = ["Client", "JobRef", "train"]
 
 
 class Client:
-    """Submit and follow jobs on one backend.
+    """Submit and follow jobs on one backend, or on a kubetune server.
 
     Args:
-        backend: "local" (default), "kubernetes" or "kfp".
-        **options: passed to the backend (e.g. ``namespace`` for kubernetes).
+        backend: "local" (default), "kubernetes" or "kfp"; or a server's URL (``http://host:8000``, docs/server.md).
+        **options: passed to the backend (e.g. ``namespace`` for kubernetes; ``api_key`` for a server, else
+            ``$KUBETUNE_API_KEY``).
     """
 
     def __init__(self, backend: str = "local", **options: Any) -> None:
-        self.backend = get_backend(backend, **options)
+        from .backends.remote import RemoteBackend, is_server_url
+
+        self.backend = RemoteBackend(backend, **options) if is_server_url(backend) else get_backend(backend, **options)
 
     def submit(
         self, job: TuneJob | str | os.PathLike | dict, overrides: Mapping[str, Any] | Iterable[str] | None = None
@@ -98,6 +101,54 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise BackendError(f"job {ref.id} still {st.state} after {timeout:.0f}s")
             time.sleep(poll)
+
+    # -- Kubeflow Trainer SDK's names (TrainerClient) ------------------------------------------------
+    def train(self, job: TuneJob | str | os.PathLike | dict, overrides: Mapping[str, Any] | Iterable[str] | None = None) -> JobRef:
+        """Start ``job`` and return its reference at once (:meth:`submit` under the Kubeflow SDK's name)."""
+        return self.submit(job, overrides)
+
+    def list_jobs(self) -> list[JobStatus]:
+        """Every job's status, newest first."""
+        return [self.status(ref) for ref in self.list()]
+
+    def get_job(self, ref: JobRef | str) -> JobStatus:
+        """One job's status (:meth:`status` under the Kubeflow SDK's name)."""
+        return self.status(ref)
+
+    def get_job_logs(self, ref: JobRef | str, follow: bool = False) -> Iterator[str]:
+        """The job's log lines (:meth:`logs`; ``follow``: until the job ends)."""
+        return self.logs(ref, follow=follow)
+
+    def wait_for_job_status(self, ref: JobRef | str, status: str | Iterable[str] = "succeeded", timeout: float | None = 600,
+                            poll: float = 1.0) -> JobStatus:
+        """Block until the job's state is one of ``status`` and return that status.
+
+        Raises:
+            BackendError: the job ended in another state first, or ``timeout`` seconds passed.
+        """
+        wanted = {status} if isinstance(status, str) else set(status)
+        ref = self._ref(ref)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.backend.status(ref)
+            if st.state in wanted:
+                return st
+            if st.terminal:
+                raise BackendError(f"job {ref.id} ended {st.state}, not {' or '.join(sorted(wanted))}" + (f": {st.reason}" if st.reason else ""))
+            if deadline is not None and time.monotonic() > deadline:
+                raise BackendError(f"job {ref.id} still {st.state} after {timeout:.0f}s")
+            time.sleep(poll)
+
+    def delete_job(self, ref: JobRef | str) -> None:
+        """Stop the job if it runs and remove it with its records and run directory (a kubetune server's jobs).
+
+        Raises:
+            BackendError: the backend keeps no job records to delete (local, kubernetes, kfp: use :meth:`cancel`).
+        """
+        delete = getattr(self.backend, "delete", None)
+        if delete is None:
+            raise BackendError(f"the {self.backend.name} backend cannot delete jobs", hint="cancel it, and remove its run directory yourself")
+        delete(self._ref(ref))
 
     def resolve(self, key: str) -> JobRef:
         """The job named by ``key``: its id, its name (the newest submission) or its run directory."""

@@ -48,6 +48,7 @@ app = typer.Typer(
 
 _SET_HELP = "Override a spec field, e.g. --set training.learning_rate=1e-4 (repeatable)."
 _BACKEND_HELP = "Where the job runs: local, kubernetes or kfp."
+_SERVER_HELP = "Send this to a kubetune server (http://HOST:8000, docs/server.md) instead of a backend; its key: $KUBETUNE_API_KEY."
 _JOB_HELP = "Job id, name (its newest job) or run directory (the newest job there)."
 
 
@@ -126,6 +127,7 @@ def run(
     spec: Path = typer.Argument(..., metavar="SPEC", help="Job spec YAML."),
     set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once; the job runs on (kubetune status/logs/cancel JOB)."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="MODE", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
     restart: bool = typer.Option(False, "--restart", help="Start over in output.dir: remove its checkpoints and replace a finished run there (sets training.resume=never)."),
@@ -149,7 +151,7 @@ def run(
         set_ = [*set_, "training.resume=never"]
     job = load_spec(spec, set_)
     _warn_spec(job)
-    client = Client(backend)
+    client = Client(server or backend)
     ref = client.submit(job)
     out = _console()
     if (ref.extra or {}).get("already_complete"):
@@ -163,7 +165,7 @@ def run(
     if detach:
         typer.echo(ref.id)
         return
-    out.print(f"[bold]{ref.id}[/] on {backend}" + (f" -> {ref.run_dir}" if ref.run_dir else ""))
+    out.print(f"[bold]{ref.id}[/] on {server or backend}" + (f" -> {ref.run_dir}" if ref.run_dir else ""))
     try:
         with _termination_raises():
             st = _follow(client, ref, out)
@@ -339,6 +341,7 @@ _LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and fini
 @app.command("list", cls=PlainHelpCommand)
 def list_(
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
     output: str = typer.Option("table", "-o", "--output", metavar="FORMAT", help=_LIST_OUTPUT_HELP),
 ) -> None:
     """List jobs, newest first (in a pipe: every value whole, one job a line)."""
@@ -350,7 +353,7 @@ def list_(
     from ._output import timestamp
 
     fmt = check_output_format(output, ("table", "wide", "json", "yaml"))
-    client = Client(backend)
+    client = Client(server or backend)
     rows, records = [], []
     for ref in client.list():
         try:
@@ -391,6 +394,7 @@ def list_(
 def status(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
     output: str = typer.Option("text", "-o", "--output", metavar="FORMAT", help="text (default: for people, local times), json or yaml (raw values, times as seconds since the epoch)."),
     as_json: bool = typer.Option(False, "--json", help="The same as -o json."),
 ) -> None:
@@ -402,7 +406,7 @@ def status(
     from ._output import status_rows
 
     fmt = "json" if as_json else check_output_format(output, ("text", "json", "yaml"))
-    st = Client(backend).status(job)
+    st = Client(server or backend).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
     if fmt in ("json", "yaml"):
         print_data(data, fmt)
@@ -418,12 +422,13 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
     all_runs: bool = typer.Option(False, "--all", help="Also the earlier jobs' logs in the same run directory, each after a header line naming its job id."),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
 ) -> None:
     """Print a job's worker log: this job's part only, from the header line naming its id (--all: earlier jobs' too)."""
     from ..client import Client
     from ..redact import redact_text
 
-    for line in Client(backend).logs(job, follow=follow, all_runs=all_runs):  # cluster pod logs too: mask whatever they hold
+    for line in Client(server or backend).logs(job, follow=follow, all_runs=all_runs):  # cluster pod logs too: mask whatever they hold
         typer.echo(redact_text(line))
 
 
@@ -431,11 +436,12 @@ def logs(
 def cancel(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
 ) -> None:
     """Stop a job and every process it started."""
     from ..client import Client
 
-    client = Client(backend)
+    client = Client(server or backend)
     client.cancel(job)
     typer.echo(f"{job}: {client.status(job).state}")
 
@@ -543,7 +549,7 @@ def worker(ctx: typer.Context) -> None:
 
 
 # --- commands contributed by other modules (kept light: they import lazily) ------------------------
-for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep"):  # one module per command group
+for _mod in ("storage", "kubernetes", "serve", "data", "presets", "sweep", "server"):  # one module per command group
     importlib.import_module(f"{__package__}.{_mod}").register(app)
 
 

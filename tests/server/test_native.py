@@ -1,0 +1,121 @@
+"""kubetune's own API on the jobs service: a full spec submitted with ``kubetune.Client(URL)`` (the Kubeflow
+SDK's method names), followed, its events as Server-Sent Events, its log, its files downloaded, deleted; and
+the CLI's ``--server`` sending run/list/status/logs/cancel there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from kubetune import Client
+from kubetune.errors import BackendError, JobNotFound
+
+from .conftest import CAPITALS
+
+pytestmark = pytest.mark.slow
+
+
+def _spec(name: str, steps: int = 3) -> dict:
+    return {"name": name, "model": {"source": "builtin://tiny-chat"}, "dataset": {"source": str(CAPITALS)},
+            "method": {"type": "lora", "lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"}},
+            "training": {"max_steps": steps, "max_seq_length": 128, "batch_size": 4}, "output": {"dir": "runs/ignored-by-the-server"}}
+
+
+def test_client_drives_a_server(make_server, tmp_path):
+    server = make_server().start()
+    key = server.key("alpha")
+    client = Client(server.url.removesuffix("/v1"), api_key=key)
+
+    ref = client.train(_spec("native-one"))
+    assert ref.id.startswith("job-") and ref.name == "native-one"
+    st = client.wait_for_job_status(ref, "succeeded", timeout=180)
+    assert st.state == "succeeded" and st.step == 3 and st.loss > 0
+    assert [s.job_id for s in client.list_jobs()] == [ref.id]
+    assert client.get_job("native-one").job_id == ref.id  # by name too
+    log = list(client.get_job_logs(ref))
+    assert any("step 3/3" in line for line in log)
+    kinds = [e["type"] for e in client.events(ref)]
+    assert kinds[0] == "server" and {"metrics", "checkpoint", "done"} <= set(kinds)
+
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("GET", f"{server.url}/jobs/{ref.id}/events", params={"stream": "true"}, headers=headers, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = r.read().decode()
+    data = [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
+    assert data[-1] == {"status": "succeeded"} and any(d.get("type") == "metrics" for d in data[:-1])
+
+    files = {f["path"]: f["bytes"] for f in httpx.get(f"{server.url}/jobs/{ref.id}/artifacts", headers=headers).json()["data"]}
+    assert "adapter/adapter_config.json" in files and "status.json" in files
+    got = httpx.get(f"{server.url}/jobs/{ref.id}/artifacts/adapter/adapter_config.json", headers=headers)
+    assert got.status_code == 200 and json.loads(got.content)["r"] == 8
+    escape = httpx.get(f"{server.url}/jobs/{ref.id}/artifacts/..%2F..%2Fserver.yaml", headers=headers)
+    assert escape.status_code == 404 and escape.json()["error"]["code"] == "artifact_not_found"
+
+    other = Client(server.url, api_key=server.key("beta"))
+    with pytest.raises(JobNotFound):
+        other.get_job(ref.id)
+    bad = httpx.post(f"{server.url}/jobs", content=b"name: x\nmodel: {source: builtin://tiny-chat}\nbogus: 1\n",
+                     headers={**headers, "Content-Type": "application/yaml"})
+    assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"] and bad.json()["error"]["code"] == "invalid_spec"
+
+    client.delete_job(ref)
+    with pytest.raises(JobNotFound):
+        client.get_job(ref.id)
+    assert not (server.data / "runs" / ref.id).exists()
+    with pytest.raises(BackendError):
+        Client(server.url, api_key="kt-wrong").list_jobs()
+
+
+def test_cli_server_option(make_server, tmp_path):
+    server = make_server().start()
+    env = {**os.environ, "KUBETUNE_API_KEY": server.key("alpha"), "KUBETUNE_SERVER": server.url.removesuffix("/v1")}
+    spec = tmp_path / "job.yaml"
+    import yaml
+
+    spec.write_text(yaml.safe_dump(_spec("cli-job")), encoding="utf-8")
+
+    def kt(*args):
+        return subprocess.run([sys.executable, "-m", "kubetune.cli", *args], capture_output=True, text=True, env=env, timeout=240)
+
+    run = kt("run", str(spec))
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert "succeeded" in run.stdout
+    listed = kt("list")
+    assert "cli-job" not in listed.stdout and "succeeded" in listed.stdout and "job-" in listed.stdout
+    st = kt("status", "cli-job", "--json")
+    assert st.returncode == 0 and json.loads(st.stdout)["state"] == "succeeded"
+    assert "step 3/3" in kt("logs", "cli-job").stdout
+    wrong = subprocess.run([sys.executable, "-m", "kubetune.cli", "list", "--server", server.url], capture_output=True, text=True,
+                           env={**env, "KUBETUNE_API_KEY": "kt-nope"}, timeout=60)
+    assert wrong.returncode == 2 and "Incorrect API key" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_a_sweep_submitted_to_the_server(make_server):
+    server = make_server(max_running_jobs=2).start()
+    key = server.key("alpha")
+    headers = {"Authorization": f"Bearer {key}"}
+    spec = {**_spec("sweepy"), "sweep": {"grid": {"method.lora.r": [4, 8]}, "objective": "train_loss"}}
+    r = httpx.post(f"{server.url}/sweeps", json={"spec": spec}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    sweep = r.json()
+    assert sweep["objective"] == "train_loss" and [t["values"] for t in sweep["trials"]] == [{"method.lora.r": 4}, {"method.lora.r": 8}]
+    deadline = time.monotonic() + 240
+    while sweep["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(1)
+        sweep = httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=headers).json()
+    assert sweep["status"] == "succeeded" and sweep["counts"] == {"succeeded": 2}, sweep
+    best = min(sweep["trials"], key=lambda t: t["objective"])
+    assert sweep["best"]["id"] == best["id"] and sweep["best"]["objective"] > 0
+    trial = Client(server.url, api_key=key).get_job(best["id"])  # each trial is a job of the project
+    assert trial.state == "succeeded" and trial.step == 3
+
+    other = {"Authorization": f"Bearer {server.key('beta')}"}
+    assert httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=other).status_code == 404
+    bad = httpx.post(f"{server.url}/sweeps", json={"spec": _spec("nosweep")}, headers=headers)
+    assert bad.status_code == 400 and "no sweep" in bad.json()["error"]["message"]
