@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kubetune import SpecError, cpu, load_spec, ranks
+from kubetune import constants as C
 from kubetune.cpu import cgroup_cpu_quota, choose_threads
 from kubetune.events import RunDir
 from kubetune.spec import dump_spec
@@ -150,6 +151,7 @@ def test_cpu_threads_gathers_affinity_load_quota_processes_and_environment(monke
     monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(C.ENV_THREADS_AUTO, raising=False)  # set only under kubetune's launcher
     assert cpu.cpu_threads().threads == 3  # (8 - 2.2 -> 6) // 2
     monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: 2.0)
     assert cpu.cpu_threads().threads == 1  # min(6, 2) // 2

@@ -172,11 +172,12 @@ def test_the_ranks_choose_their_threads_unless_the_user_set_omp_num_threads(tmp_
 
     from kubetune.cpu import choose_threads
 
-    for name in (C.ENV_LAUNCHER_PID, C.ENV_PREEMPT_FILE, C.ENV_THREADS_AUTO, "TORCHELASTIC_SIGNALS_TO_HANDLE"):
-        monkeypatch.delenv(name, raising=False)
-    if user_omp is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
+    # launch() writes these into os.environ (in its own process, where it runs for real): setenv first, so that
+    # monkeypatch records them and takes them out again after the test, whatever launch() put there.
+    for name in (C.ENV_LAUNCHER_PID, C.ENV_PREEMPT_FILE, C.ENV_THREADS_AUTO, "TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    if user_omp is not None:
         monkeypatch.setenv("OMP_NUM_THREADS", user_omp)
     seen: dict = {}
 
