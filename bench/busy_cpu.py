@@ -7,7 +7,7 @@ machine). Two configurations, interleaved round by round, each run a fresh proce
 - ``torch default`` (the baseline): ``OMP_NUM_THREADS`` set to the core count, which is torch's own default and
   what ``kubetune run`` used before it chose: every core, busy or not;
 - ``kubetune's choice``: no ``training.cpu_threads`` and no ``OMP_NUM_THREADS``, so the worker takes the free
-  cores (cores minus the load average, within the cgroup quota; docs/training.md#cpu-threads).
+  cores (cores minus those busy with other work, within the cgroup quota; docs/training.md#cpu-threads).
 
 Reported: the medians of the training loop's wall time and tokens/s (from result.json), the whole command's
 wall time, the threads each run used, and the ratio. Nothing is asserted; ``--write-docs`` records the table in
@@ -116,7 +116,7 @@ torch's default of one thread per core, which `kubetune run` used before it chos
 
 **kubetune's choice / torch default, training tokens/s: {ratio:.2f}x.** With every core already busy, torch's
 OpenMP threads wait for each other on oversubscribed cores; kubetune takes the cores that are free (at least one)
-and says so in the run's first line (`using N of M CPU threads: load average ...`).
+and says so in the run's first line (`using N of M CPU threads: busy cores ...`).
 """)
 
 

@@ -145,9 +145,67 @@ def test_local_world_size_is_read_from_torchrun(monkeypatch):
     assert ranks.local_world_size() == 4
 
 
+class _Stat:
+    """A /proc/stat that changes between reads, as the real one does while the caller sleeps."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+
+    def read_text(self) -> str:
+        return self.texts.pop(0)
+
+
+def _stat(*cpus: tuple[int, int, int]) -> str:
+    """A /proc/stat with per-CPU (user, idle, iowait) jiffies (the aggregate line and other fields are there too)."""
+    lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]
+    lines += [f"cpu{i} {u} 0 0 {idle} {io} 0 0 0 0 0" for i, (u, idle, io) in enumerate(cpus)]
+    return "\n".join(lines + ["intr 1 2 3", "ctxt 99"]) + "\n"
+
+
+def test_busy_cores_sums_each_cpu_s_busy_share_over_the_interval():
+    before = _stat((100, 100, 0), (100, 100, 0), (100, 100, 0))
+    after = _stat((200, 100, 0), (150, 140, 10), (100, 200, 0))  # cpu0 all busy, cpu1 half (iowait is idle), cpu2 idle
+    assert cpu.busy_cores(interval=0, stat=_Stat(before, after)) == pytest.approx(1.5)
+    assert cpu.busy_cores({1, 2}, interval=0, stat=_Stat(before, after)) == pytest.approx(0.5), "only this process's CPUs"
+    assert cpu.busy_cores(interval=0, stat=_Stat("garbage\n", "garbage\n")) is None
+
+
+def test_busy_cores_measures_a_spinning_process():
+    import subprocess
+    import sys
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.5)
+        assert cpu.busy_cores(interval=0.5) >= 0.7  # one core kept busy by the spinner (and a little by others)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_cpu_threads_prefers_the_measured_busy_cores_to_the_lagging_load_average(monkeypatch):
+    """Right after another job (or `kubetune chat`) ends, the 1-minute load average still counts it: measured now,
+    the cores are free."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 1.0, 0.5))
+    monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: None)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(C.ENV_THREADS_AUTO, raising=False)
+    monkeypatch.setattr(cpu, "busy_cores", lambda cpus=None, interval=0.5: 0.1)
+    c = cpu.cpu_threads()
+    assert (c.threads, c.reason) == (2, "busy cores 0.1")
+    monkeypatch.setattr(cpu, "busy_cores", lambda cpus=None, interval=0.5: None)  # no /proc/stat: the load average
+    c = cpu.cpu_threads()
+    assert (c.threads, c.reason) == (1, "load average 1.6")
+
+
 def test_cpu_threads_gathers_affinity_load_quota_processes_and_environment(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
     monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 1.0, 0.5))
+    monkeypatch.setattr(cpu, "busy_cores", lambda cpus=None, interval=0.5: None)  # the load average decides here
     monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

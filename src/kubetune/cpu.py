@@ -8,8 +8,10 @@ the count from the cores that are actually free, unless the user chose:
 1. ``training.cpu_threads`` in the spec (per process);
 2. ``OMP_NUM_THREADS`` in the environment (a sweep sets it per trial; torchrun's default of 1 counts only
    under a plain ``torchrun``: kubetune's launcher marks it as not the user's, ``KUBETUNE_CPU_THREADS_AUTO``);
-3. otherwise: the cores this process may run on (``sched_getaffinity``) minus the 1-minute load average,
-   rounded, at least 1, at most the cgroup's CPU quota (``cpu.max``, or ``cpu.cfs_quota_us`` on cgroup v1),
+3. otherwise: the cores this process may run on (``sched_getaffinity``) minus the cores busy with other work,
+   measured from ``/proc/stat`` over half a second (the 1-minute load average where that cannot be read: it
+   lags, so a job started right after another one, or after ``kubetune chat``, would see cores as busy that
+   are already free), rounded, at least 1, at most the cgroup's CPU quota (``cpu.max``, or ``cpu.cfs_quota_us`` on cgroup v1),
    divided between the processes on this node (``LOCAL_WORLD_SIZE``).
 
 :func:`choose_threads` is the pure decision (tested on its own); :func:`cpu_threads` gathers its inputs from
@@ -27,7 +29,7 @@ from typing import Mapping
 from . import constants as C
 from . import ranks
 
-__all__ = ["ThreadChoice", "choose_threads", "cpu_threads", "cgroup_cpu_quota", "apply_threads"]
+__all__ = ["ThreadChoice", "choose_threads", "cpu_threads", "busy_cores", "cgroup_cpu_quota", "apply_threads"]
 
 SPEC_FIELD = "training.cpu_threads"  # the knob's name in messages
 
@@ -58,17 +60,20 @@ def choose_threads(
     processes: int = 1,
     requested: int | None = None,
     env: Mapping[str, str] | None = None,
+    load_label: str = "load average",
 ) -> ThreadChoice:
     """Decide the CPU threads of one process (pure: every input is an argument).
 
     Args:
         cores: CPUs this process may run on (its affinity mask).
-        load: the 1-minute load average (None when unknown: counted as idle).
+        load: the cores busy with other work: measured, or the 1-minute load average (None when unknown: counted
+            as idle).
         quota: CPUs the cgroup's quota allows (None: no quota).
         processes: processes on this node sharing the cores (torchrun's ``LOCAL_WORLD_SIZE``).
         requested: ``training.cpu_threads`` (wins over everything).
         env: the environment; ``OMP_NUM_THREADS`` there is the user's choice, unless ``KUBETUNE_CPU_THREADS_AUTO=1``
             says kubetune's launcher found it unset (torchrun's 1 is its default, not the user's).
+        load_label: what ``load`` is, in the reason (``load average``, ``busy cores``).
 
     Returns:
         The :class:`ThreadChoice`: at least 1 thread.
@@ -85,7 +90,7 @@ def choose_threads(
     busy = max(0.0, load) if load is not None else 0.0
     free = min(available, max(1, round(cores - busy)))
     threads = max(1, free // processes)
-    why = [f"load average {busy:.1f}" if load is not None else "load average unknown"]
+    why = [f"{load_label} {busy:.1f}" if load is not None else f"{load_label} unknown"]
     if available < cores:
         why.append(f"cgroup CPU quota {quota:g} of {cores} cores")
     if processes > 1:
@@ -153,12 +158,59 @@ def cpu_threads(requested: int | None = None) -> ThreadChoice:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    try:
-        load: float | None = os.getloadavg()[0]
-    except (AttributeError, OSError):  # pragma: no cover - no load average on this system
-        load = None
+    label = "busy cores"
+    load = None
+    if requested is None and _omp_threads(os.environ) is None:  # only the automatic choice needs it
+        load = busy_cores(_affinity())
+    if load is None:
+        label = "load average"
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # pragma: no cover - no load average on this system
+            load = None
     return choose_threads(cores=cores, load=load, quota=cgroup_cpu_quota(), processes=ranks.local_world_size(),
-                          requested=requested, env=os.environ)
+                          requested=requested, env=os.environ, load_label=label)
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return None
+
+
+def _cpu_times(stat: Path) -> dict[int, tuple[int, int]]:
+    """Per CPU from ``/proc/stat``: (busy, total) jiffies; busy excludes idle and iowait."""
+    out: dict[int, tuple[int, int]] = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        v = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal (guest is inside user)
+        total = sum(v)
+        out[int(name[3:])] = (total - v[3] - v[4], total)
+    return out
+
+
+def busy_cores(cpus: set[int] | None = None, interval: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
+    """How many of ``cpus`` (all when None) other work keeps busy now: the busy share of each CPU over
+    ``interval`` seconds, summed (this process sleeps meanwhile). None where ``/proc/stat`` cannot be read."""
+    import time
+
+    try:
+        before = _cpu_times(stat)
+        time.sleep(interval)
+        after = _cpu_times(stat)
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = 0.0
+    for cpu_id, (b1, t1) in after.items():
+        if (cpus is not None and cpu_id not in cpus) or cpu_id not in before:
+            continue
+        b0, t0 = before[cpu_id]
+        if t1 > t0:
+            busy += min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+    return busy if after else None
 
 
 def apply_threads(choice: ThreadChoice) -> None:

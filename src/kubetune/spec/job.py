@@ -303,7 +303,7 @@ class TrainingSpec(_Section):
     cpu_threads: int | None = Field(
         None, ge=1, le=C.SPEC_MAX_CPU_THREADS,
         description="CPU threads per process when training on the CPU (ignored on GPUs); unset: OMP_NUM_THREADS if set, else "
-        "the cores that are free (cores minus the load average, within the cgroup CPU quota, shared by the processes on a node).",
+        "the cores that are free (cores minus those busy with other work, within the cgroup CPU quota, shared by the processes on a node).",
     )
 
     @field_validator("resume")
