@@ -137,20 +137,7 @@ class Encoder:
         return res
 
     def _parse(self, payload: Any) -> Any:
-        if isinstance(payload, (bytes, str)):
-            try:
-                row = json.loads(payload)
-            except json.JSONDecodeError as e:
-                raise RowError(f"invalid JSON: {e.msg} (column {e.colno})") from None
-            except UnicodeDecodeError as e:
-                raise RowError(f"not UTF-8 text ({e.reason})") from None
-        elif isinstance(payload, _BadRow):
-            raise RowError(payload.problem)
-        else:
-            row = payload
-        if not isinstance(row, dict):
-            raise RowError(f"expected a JSON object, got {type(row).__name__}")
-        return rename_columns(row, self.columns)
+        return parse_row(payload, self.columns)
 
     # -- tokenization -------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], *, offsets: bool) -> tuple[list[list[int]], list | None]:
@@ -291,3 +278,22 @@ def _token_range(enc: Any, start: int, end: int, n: int) -> tuple[int, int]:
             break
         b += 1
     return a, b
+
+
+def parse_row(payload: Any, columns: dict) -> Any:
+    """One item a reader yielded (a JSON line, or an already decoded row) as a row with ``dataset.columns``
+    applied; :class:`RowError` for text that is not a JSON object (the caller adds ``file:line``)."""
+    if isinstance(payload, (bytes, str)):
+        try:
+            row = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise RowError(f"invalid JSON: {e.msg} (column {e.colno})") from None
+        except UnicodeDecodeError as e:
+            raise RowError(f"not UTF-8 text ({e.reason})") from None
+    elif isinstance(payload, _BadRow):
+        raise RowError(payload.problem)
+    else:
+        row = payload
+    if not isinstance(row, dict):
+        raise RowError(f"expected a JSON object, got {type(row).__name__}")
+    return rename_columns(row, columns)

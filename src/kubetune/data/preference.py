@@ -14,7 +14,6 @@ counted); longer answers are cut to fit (``length_handling: truncate``) or the r
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
@@ -23,10 +22,10 @@ from typing import Any, Callable
 from ..errors import DataError
 from ..redact import redact_uri
 from ..spec import TuneJob
-from .encode import IGNORE, EncodeSettings, Encoder
-from .formats import Chat, RowError, inner_keys, rename_columns
+from .encode import IGNORE, EncodeSettings, Encoder, parse_row
+from .formats import Chat, RowError, inner_keys
 from .preference_formats import Pair, describe_preference_keys, detect_preference, normalize_preference
-from .readers import _BadRow, iter_items, list_files, where
+from .readers import iter_items, list_files, where
 
 __all__ = ["PairEncoder", "prepare_preference", "read_pairs", "looks_like_preference", "fit_length", "COLUMNS"]
 
@@ -122,7 +121,7 @@ def read_pairs(
         report["rows_read"] += 1
         loc = where(str(sf.files[fi]), line, sf.kinds[fi])
         try:
-            row = _parse(payload, columns)
+            row = dict(parse_row(payload, columns))
             fmt = fixed or detect_preference(row)
             if fmt is None:
                 raise RowError(describe_preference_keys(row))
@@ -154,23 +153,6 @@ def read_pairs(
     if not rows and report["rows_read"] and not report["bad_rows"]:
         raise DataError(f"{redact_uri(label)}: no rows", hint="check dataset.source and dataset.split")
     return rows, report
-
-
-def _parse(payload: Any, columns: dict) -> dict:
-    if isinstance(payload, (bytes, str)):
-        try:
-            row = json.loads(payload)
-        except json.JSONDecodeError as e:
-            raise RowError(f"invalid JSON: {e.msg} (column {e.colno})") from None
-        except UnicodeDecodeError as e:
-            raise RowError(f"not UTF-8 text ({e.reason})") from None
-    elif isinstance(payload, _BadRow):
-        raise RowError(payload.problem)
-    else:
-        row = payload
-    if not isinstance(row, dict):
-        raise RowError(f"expected a JSON object, got {type(row).__name__}")
-    return dict(rename_columns(row, columns))
 
 
 def fit_length(row: dict, limit: int, handling: str) -> dict | None:
@@ -295,7 +277,7 @@ def looks_like_preference(path: Path, columns: dict, *, split: str = "train") ->
     """True when the source's first row holds a preference pair (``chosen`` and ``rejected``, after renaming)."""
     for _, _, payload in iter_items(list_files(path, split=split), 0, split=split):
         try:
-            return detect_preference(_parse(payload, columns)) is not None
+            return detect_preference(dict(parse_row(payload, columns))) is not None
         except RowError:
             return False
     return False

@@ -39,8 +39,8 @@ def preset_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _read(name: str) -> dict:
-    path = _HERE / f"{name}.yaml"
+def _read(name: str, folder: Path = _HERE) -> dict:
+    path = folder / f"{name}.yaml"
     if not path.is_file():
         raise KeyError(name)
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -82,15 +82,8 @@ def objective_names() -> list[str]:
     return sorted(p.stem for p in _OBJECTIVES.glob("*.yaml"))
 
 
-@functools.lru_cache(maxsize=None)
 def _read_objective(name: str) -> dict:
-    path = _OBJECTIVES / f"{name}.yaml"
-    if not path.is_file():
-        raise KeyError(name)
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a preset must be a mapping")
-    return data
+    return _read(name, _OBJECTIVES)
 
 
 def load_objective(name: str) -> dict:
