@@ -97,3 +97,17 @@ def test_help_stays_light():
     assert out == "[]"
     proc = subprocess.run([sys.executable, "-m", "kubetune.cli", "server", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "keys" in proc.stdout
+
+
+def test_a_broken_config_file_is_one_error_naming_its_line(tmp_path):
+    """--config is read like a job spec: bad YAML or a repeated key names file:line, never a YAML traceback."""
+    from kubetune.errors import SpecError
+    from kubetune.server.config import load_config
+
+    bad = tmp_path / "server.yaml"
+    bad.write_text("port: 8000\nport: 9000\n")
+    with pytest.raises(SpecError, match=rf"{bad}:2: duplicate key 'port' \(first at line 1\)"):
+        load_config(bad)
+    bad.write_text("models: [\n")
+    with pytest.raises(SpecError, match=rf"{bad}:2: not valid YAML"):
+        load_config(bad)

@@ -59,14 +59,16 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfi
     Raises:
         SpecError: the file cannot be read or holds an unknown key or a bad value.
     """
-    import yaml
+    from ..spec.reader import parse_spec_text
 
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise SpecError(f"--config {path}: {e}") from None
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"--config {path}: cannot read it ({e})") from None
+        # the spec's bounded YAML reader: file:line in errors, duplicate keys and alias bombs refused
+        data = parse_spec_text(text, str(path))[0] or {}
         if not isinstance(data, dict):
             raise SpecError(f"--config {path}: expected a mapping of settings")
     data.update({k: v for k, v in overrides.items() if v is not None})
