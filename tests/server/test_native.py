@@ -96,26 +96,74 @@ def test_cli_server_option(make_server, tmp_path):
     assert wrong.returncode == 2 and "Incorrect API key" in wrong.stderr and "Traceback" not in wrong.stderr
 
 
-def test_a_sweep_submitted_to_the_server(make_server):
+def test_a_sweep_run_on_the_server_from_the_cli(make_server, tmp_path):
+    """``kubetune sweep SPEC --server URL`` submits to ``POST /v1/sweeps``, follows the trials to the end and prints
+    them ranked; ``sweep status/list/cancel --server`` read the same sweep; each trial is a job of the project."""
+    import yaml
+
     server = make_server(max_running_jobs=2).start()
     key = server.key("alpha")
     headers = {"Authorization": f"Bearer {key}"}
-    spec = {**_spec("sweepy"), "sweep": {"grid": {"method.lora.r": [4, 8]}, "objective": "train_loss"}}
-    r = httpx.post(f"{server.url}/sweeps", json={"spec": spec}, headers=headers, timeout=60)
-    assert r.status_code == 200, r.text
-    sweep = r.json()
+    spec_file = tmp_path / "sweepy.yaml"
+    spec_file.write_text(yaml.safe_dump(_spec("sweepy")), encoding="utf-8")
+    env = {**os.environ, "KUBETUNE_API_KEY": key, "KUBETUNE_SERVER": server.url, "COLUMNS": "200"}
+
+    def kt(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kubetune.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+
+    ran = kt("sweep", str(spec_file), "--grid", "method.lora.r=4,8", "--objective", "train_loss")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "2 trials) submitted to" in ran.stdout
+    assert ran.stdout.count(" succeeded train_loss=") == 2, ran.stdout  # one line per trial as it ends
+    sweep_id = ran.stdout.split("sweep ", 1)[1].split()[0]
+    assert sweep_id.startswith("sweep-") and "best: " in ran.stdout and "r=4" in ran.stdout and "r=8" in ran.stdout
+
+    sweep = httpx.get(f"{server.url}/sweeps/{sweep_id}", headers=headers).json()
     assert sweep["objective"] == "train_loss" and [t["values"] for t in sweep["trials"]] == [{"method.lora.r": 4}, {"method.lora.r": 8}]
-    deadline = time.monotonic() + 240
-    while sweep["status"] == "running" and time.monotonic() < deadline:
-        time.sleep(1)
-        sweep = httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=headers).json()
     assert sweep["status"] == "succeeded" and sweep["counts"] == {"succeeded": 2}, sweep
     best = min(sweep["trials"], key=lambda t: t["objective"])
     assert sweep["best"]["id"] == best["id"] and sweep["best"]["objective"] > 0
+    assert f"job {best['id']}" in ran.stdout  # the printed best is the server's best
     trial = Client(server.url, api_key=key).get_job(best["id"])  # each trial is a job of the project
     assert trial.state == "succeeded" and trial.step == 3
 
+    st = kt("sweep", "status", sweep_id, "-o", "json")
+    assert st.returncode == 0 and json.loads(st.stdout)["best"]["id"] == best["id"]
+    rows = kt("sweep", "status", sweep_id, "-o", "csv").stdout.splitlines()
+    assert rows[0] == "rank,id,name,method.lora.r,status,train_loss" and rows[1].startswith(f"1,{best['id']},")
+    listed = kt("sweep", "list")
+    assert listed.returncode == 0 and sweep_id in listed.stdout and "2/2" in listed.stdout
+    plot = kt("sweep", "status", sweep_id, "--plot", str(tmp_path / "p.png"))
+    assert plot.returncode == 2 and "--plot: not available for a sweep on a server" in plot.stderr
+
     other = {"Authorization": f"Bearer {server.key('beta')}"}
-    assert httpx.get(f"{server.url}/sweeps/{sweep['id']}", headers=other).status_code == 404
+    assert httpx.get(f"{server.url}/sweeps/{sweep_id}", headers=other).status_code == 404
+    missing = subprocess.run([sys.executable, "-m", "kubetune.cli", "sweep", "status", sweep_id], capture_output=True, text=True, timeout=60,
+                             env={**env, "KUBETUNE_API_KEY": other["Authorization"].split()[1]})
+    assert missing.returncode == 2 and "No such sweep" in missing.stderr and "Traceback" not in missing.stderr
     bad = httpx.post(f"{server.url}/sweeps", json={"spec": _spec("nosweep")}, headers=headers)
     assert bad.status_code == 400 and "no sweep" in bad.json()["error"]["message"]
+    no_grid = kt("sweep", str(spec_file))
+    assert no_grid.returncode == 2 and "sweep" in no_grid.stderr and "Traceback" not in no_grid.stderr
+
+
+def test_a_sweep_on_the_server_is_cancelled_from_the_cli(make_server, tmp_path):
+    import yaml
+
+    server = make_server(max_running_jobs=1).start()
+    key = server.key("alpha")
+    spec_file = tmp_path / "long.yaml"
+    spec_file.write_text(yaml.safe_dump(_spec("long", steps=400)), encoding="utf-8")
+    env = {**os.environ, "KUBETUNE_API_KEY": key, "KUBETUNE_SERVER": server.url}
+
+    def kt(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kubetune.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+
+    started = kt("sweep", str(spec_file), "--grid", "method.lora.r=4,8", "--objective", "train_loss", "--detach")
+    assert started.returncode == 0, started.stderr
+    sweep_id = started.stdout.strip()
+    assert sweep_id.startswith("sweep-") and f"kubetune sweep status {sweep_id}" in started.stderr
+    cancelled = kt("sweep", "cancel", sweep_id)
+    assert cancelled.returncode == 0 and cancelled.stdout.count("cancelled") >= 2, cancelled.stdout
+    sweep = Client(server.url, api_key=key).backend.sweep(sweep_id)
+    assert {t["status"] for t in sweep["trials"]} == {"cancelled"} and sweep["status"] == "failed"

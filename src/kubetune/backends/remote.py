@@ -109,6 +109,29 @@ class RemoteBackend:
                     return ref
             raise
 
+    # -- sweeps: the server plans the trials and runs each as a job of the project (docs/server.md) --------------
+    def submit_sweep(self, job: Any) -> dict:
+        """Send a spec with a ``sweep:`` section to ``POST /v1/sweeps``; the ``kubetune.sweep`` object (trials queued)."""
+        from ..spec import spec_to_dict
+
+        return self._call("POST", "/sweeps", json={"spec": spec_to_dict(job)})
+
+    def sweep(self, sweep_id: str) -> dict:
+        """The sweep's trials (values, status, objective) and its best finished trial.
+
+        Raises:
+            JobNotFound: no such sweep in this key's project.
+        """
+        return self._call("GET", f"/sweeps/{sweep_id}")
+
+    def list_sweeps(self) -> list[dict]:
+        """The project's sweeps on the server."""
+        return self._call("GET", "/sweeps")["data"]
+
+    def cancel_sweep(self, sweep_id: str) -> dict:
+        """Cancel the sweep's trials that have not ended; the sweep as it is then."""
+        return self._call("POST", f"/sweeps/{sweep_id}/cancel")
+
     # -- helpers --------------------------------------------------------------------------------------
     def _ref(self, d: dict) -> JobRef:
         return JobRef(id=d["id"], backend=self.name, name=d.get("name") or "", extra={"server": self.url, "status": d.get("status")})

@@ -23,6 +23,8 @@ from ..errors import SpecError
 
 __all__ = ["register"]
 
+_SERVER_HELP = "The kubetune server that runs the sweep (http://HOST:8000, docs/server.md); its key: $KUBETUNE_API_KEY."
+
 _DIST_TYPES = {  # --dist TYPE -> (distribution type, integer)
     "choice": ("choice", False),
     "uniform": ("uniform", False),
@@ -79,11 +81,15 @@ def run(
     sweep_dir: Optional[str] = typer.Option(None, "--dir", help="Sweep directory (default: sweep.dir, runs/sweeps/{id})."),
     set_: List[str] = typer.Option([], "--set", help="Override a base spec field, e.g. --set training.max_steps=100 (repeatable)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run the sweep in the background; print its id and return."),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
 ) -> None:
     """Run a sweep, or continue one: succeeded trials are skipped, interrupted ones resume from checkpoints."""
     from ..sweep.run import run_sweep, sweep_dir_for, sweep_id_for
 
     job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir)
+    if server:
+        _run_on_server(job, server, detach=detach, parallel=parallel)
+        return
     options = {"namespace": namespace} if namespace else {}
     if detach:
         _detach(sys.argv, sweep_dir_for(job, sweep_id_for(job, run_id)), sweep_id_for(job, run_id))
@@ -106,11 +112,18 @@ def status(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the sweep and ranked trials as JSON to this file."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of all trials' loss curves to this file."),
     html_path: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report (table + plot) to this file."),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
 ) -> None:
     """Show a sweep's trials (values, state, objective), best first."""
     from ..sweep import report as R
     from ..sweep.run import load_sweep, refresh_sweep, trial_curves
 
+    if server:
+        for name, given in (("--csv", csv_path), ("--json", json_path), ("--plot", plot_path), ("--html", html_path)):
+            if given:
+                raise SpecError(f"{name}: not available for a sweep on a server", hint="use -o json (or -o csv) and redirect it to a file")
+        _status_on_server(sweep_key, server, output)
+        return
     sweep = refresh_sweep(load_sweep(sweep_key))
     curves = trial_curves(sweep) if (plot_path or html_path) else {}
     written = []
@@ -143,12 +156,21 @@ def status(
         typer.echo(f"wrote {path}", err=True)
 
 
-def list_() -> None:
-    """List sweeps started on this machine, newest first."""
+def list_(server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP)) -> None:
+    """List sweeps started on this machine (or on a server), newest first."""
     from rich.table import Table
 
     from ..sweep.run import list_sweeps
 
+    if server:
+        table = Table("SWEEP", "NAME", "STATE", "TRIALS", "BEST", "OBJECTIVE", box=None)
+        for sw in sorted(_remote(server).list_sweeps(), key=lambda d: d["created_at"], reverse=True):
+            best = sw.get("best") or {}
+            done = (sw.get("counts") or {}).get("succeeded", 0)
+            table.add_row(sw["id"], sw["name"], sw["status"], f"{done}/{len(sw['trials'])}", best.get("name") or "",
+                          f"{sw['objective']}={best['objective']:.4g}" if best.get("objective") is not None else "")
+        _console().print(table)
+        return
     table = Table("SWEEP", "STATE", "TRIALS", "BEST", "OBJECTIVE", "DIR", box=None)
     for sweep in list_sweeps():
         best = sweep.best()
@@ -158,12 +180,115 @@ def list_() -> None:
     _console().print(table)
 
 
-def cancel(sweep_key: str = typer.Argument(..., metavar="SWEEP", help="Sweep id or sweep directory.")) -> None:
+def cancel(
+    sweep_key: str = typer.Argument(..., metavar="SWEEP", help="Sweep id or sweep directory."),
+    server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+) -> None:
     """Stop a sweep and its running trials (rerunning it resumes them from their checkpoints)."""
     from ..sweep.run import cancel_sweep, load_sweep
 
+    if server:
+        _console().print(_server_table(_remote(server).cancel_sweep(sweep_key)))
+        return
     sweep = cancel_sweep(load_sweep(sweep_key))
     _console().print(_table(sweep))
+
+
+# --- sweeps on a kubetune server (docs/server.md): the server plans the trials and queues each as a job ------
+def _remote(server: str):
+    from ..backends.remote import RemoteBackend
+
+    return RemoteBackend(server)
+
+
+def _run_on_server(job, server: str, *, detach: bool, parallel: int | None) -> None:
+    """Submit the sweep; unless ``detach``, follow it (one line per trial state change) and print its table."""
+    remote = _remote(server)
+    out = _console()
+    sw = remote.submit_sweep(job)
+    note = "--parallel is not used on a server: its max_running_jobs per project decides how many trials run at once"
+    if detach:  # stdout: the id alone, for scripts
+        typer.echo(sw["id"])
+        typer.echo(f"{len(sw['trials'])} trials submitted to {remote.url}; follow them with: kubetune sweep status {sw['id']} --server {remote.url}", err=True)
+        if parallel is not None:
+            typer.echo(note, err=True)
+        return
+    say = lambda m: out.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {m}")  # noqa: E731
+    say(f"sweep {sw['id']} ({len(sw['trials'])} trials) submitted to {remote.url}")
+    if parallel is not None:
+        say(note)
+    seen: dict[str, str] = {}
+    try:
+        while True:
+            for t in sw["trials"]:
+                if seen.get(t["id"]) != t["status"]:
+                    seen[t["id"]] = t["status"]
+                    detail = f" {sw['objective']}={t['objective']:.4g}" if t.get("objective") is not None else ""
+                    reason = f": {t['error']['message']}" if t["status"] == "failed" and t.get("error") else ""
+                    say(f"trial {t['name']} ({_values(t['values'])}) {t['status']}{detail}{reason}")
+            if sw["status"] != "running":
+                break
+            time.sleep(2)
+            sw = remote.sweep(sw["id"])
+    except KeyboardInterrupt:
+        out.print(f"[yellow]interrupted[/]: the sweep runs on at the server; follow it with kubetune sweep status {sw['id']} --server "
+                  f"{remote.url}, stop it with kubetune sweep cancel {sw['id']} --server {remote.url}")
+        raise typer.Exit(130)
+    out.print(_server_table(sw))
+    if sw["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _status_on_server(sweep_id: str, server: str, output: str) -> None:
+    sw = _remote(server).sweep(sweep_id)
+    if output == "json":
+        typer.echo(json.dumps(sw, indent=2, default=str))
+    elif output == "csv":
+        import csv
+        import io
+
+        params = list(dict.fromkeys(k for t in sw["trials"] for k in t["values"]))
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["rank", "id", "name", *params, "status", sw["objective"]])
+        for rank, t in enumerate(_ranked(sw), start=1):
+            w.writerow([rank, t["id"], t["name"], *(t["values"].get(k, "") for k in params), t["status"], "" if t["objective"] is None else t["objective"]])
+        typer.echo(buf.getvalue(), nl=False)
+    elif output == "table":
+        _console().print(_server_table(sw))
+    else:
+        raise SpecError(f"--output {output}: use table, json or csv")
+
+
+def _ranked(sw: dict) -> list[dict]:
+    """Finished trials best first, then the rest in the order they were created."""
+    done = [t for t in sw["trials"] if t["status"] == "succeeded" and t.get("objective") is not None]
+    done.sort(key=lambda t: t["objective"], reverse=sw["direction"] == "maximize")
+    return done + [t for t in sw["trials"] if t not in done]
+
+
+def _server_table(sw: dict):
+    from rich.table import Table
+
+    params = list(dict.fromkeys(k for t in sw["trials"] for k in t["values"]))
+    short = [k.rsplit(".", 1)[-1] for k in params]
+    names = [s if short.count(s) == 1 else k for s, k in zip(short, params)]
+    best_id = (sw.get("best") or {}).get("id")
+    table = Table(title=f"sweep {sw['id']} ({sw['status']}, {sw['objective']} {sw['direction']})", box=None, title_justify="left")
+    for col in ["#", "TRIAL", *names, "STATE", sw["objective"].upper(), "JOB"]:
+        table.add_column(col, justify="right" if col == "#" else "left")
+    for rank, t in enumerate(_ranked(sw), start=1):
+        is_best = t["id"] == best_id
+        table.add_row(f"{rank}{' *' if is_best else ''}", t["name"], *(_fmt(t["values"].get(k)) for k in params), t["status"], _fmt(t["objective"]), t["id"],
+                      style="bold green" if is_best else ("dim" if t["status"] not in ("succeeded", "running") else None))
+    if sw.get("best"):
+        table.caption = f"best: {sw['best']['name']}  {_values(sw['best']['values'])}  ->  job {sw['best']['id']} (kubetune status {sw['best']['id']} --server URL)"
+        table.caption_justify = "left"
+    return table
+
+
+def _values(values: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
 
 
 # --- helpers ---------------------------------------------------------------------------------

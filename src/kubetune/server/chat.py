@@ -89,10 +89,17 @@ class ChatModels:
         if model in self.config.models:
             return self.config.models[model]
         with self.store.session() as s:
-            run_dir = s.scalar(select(Job.run_dir).where(Job.project_id == project["id"], Job.fine_tuned_model == model, Job.status == "succeeded"))
-        if run_dir is None:  # another project's model is as absent as one that never existed
+            row = s.execute(select(Job.run_dir, Job.spec).where(Job.project_id == project["id"], Job.fine_tuned_model == model,
+                                                                Job.status == "succeeded")).first()
+        if row is None:  # another project's model is as absent as one that never existed
             raise APIError(404, f"The model `{model}` does not exist or you do not have access to it", param="model", code="model_not_found")
-        return run_dir
+        if row.run_dir:
+            return row.run_dir
+        uri = ((row.spec or {}).get("output") or {}).get("uri")  # a cluster's job: its outputs were published there
+        if not uri:
+            raise APIError(400, f"the model `{model}` was trained on a cluster without output.uri: its outputs stayed there",
+                           param="model", code="model_not_loadable")
+        return uri
 
     def _server(self, model: str, source: str) -> Any:
         """The engine serving ``model``: LoRA fine-tunes share one engine per base model (their adapters batched

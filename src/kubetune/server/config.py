@@ -26,6 +26,12 @@ class ServerConfig(BaseModel):
     host: str = Field("127.0.0.1", description="Address to bind; anything but loopback needs API keys.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port).")
     backend: str = Field("local", description="Where jobs run: local, kubernetes or kfp.")
+    backend_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the backend, as kubetune.Client(backend, **options) takes them: kubernetes: namespace, context, "
+        "kubeconfig, flavor; kfp: poll_seconds. What a job needs on the cluster (kubernetes.staging_uri, secrets, output.uri) "
+        "goes in method_defaults or the job's spec.",
+    )
     db: str | None = Field(None, description="SQLAlchemy URL: sqlite:///PATH or postgresql://... (default: SQLite under the kubetune home).")
     data_dir: Path | None = Field(None, description="Uploaded files and jobs' run directories (default: $KUBETUNE_HOME/server).")
     models: dict[str, str] = Field(
@@ -73,10 +79,31 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfi
             raise SpecError(f"--config {path}: expected a mapping of settings")
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return ServerConfig(**data)
+        cfg = ServerConfig(**data)
     except ValidationError as e:
         problems = [f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
         raise SpecError(f"server config{f' {path}' if path else ''}: " + "; ".join(problems), problems=problems) from None
+    _check_backend_options(cfg, path)
+    return cfg
+
+
+def _check_backend_options(cfg: ServerConfig, path: str | Path | None) -> None:
+    """Unknown ``backend_options`` are refused when the server starts, not when its first job is submitted (building
+    a backend is cheap: none connects to anything before its first call)."""
+    import re
+
+    from ..backends import BACKENDS, get_backend
+
+    if cfg.backend not in BACKENDS:
+        return  # the CLI names the valid backends
+    try:
+        get_backend(cfg.backend, **cfg.backend_options)
+    except TypeError as e:
+        bad = re.search(r"argument '(\w+)'", str(e))
+        raise SpecError(
+            f"server config{f' {path}' if path else ''}: backend_options.{bad.group(1) if bad else ''}: not an option of the {cfg.backend} backend",
+            hint="kubernetes takes namespace, context, kubeconfig, flavor; kfp takes poll_seconds; local takes none (docs/server.md)",
+        ) from None
 
 
 def is_loopback(host: str) -> bool:

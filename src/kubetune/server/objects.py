@@ -105,6 +105,9 @@ def build_spec(config: ServerConfig, job_id: str, source: str, hp: dict, *, trai
     if seed is not None:
         request["training"]["seed"] = seed
     spec = _merge(defaults, request)
+    prefix = (defaults.get("output") or {}).get("uri")
+    if prefix:  # a prefix shared by every job of the method: each publishes under its own id
+        spec["output"]["uri"] = f"{str(prefix).rstrip('/')}/{job_id}"
     try:
         load_spec(copy.deepcopy(spec))
     except SpecError as e:

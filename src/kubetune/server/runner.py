@@ -42,7 +42,7 @@ class Runner:
     def __init__(self, store: Store, config: ServerConfig) -> None:
         self.store = store
         self.config = config
-        self.client = Client(config.backend)
+        self.client = Client(config.backend, **config.backend_options)
         self._lock = threading.RLock()  # one follower at a time: events are copied exactly once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
