@@ -36,6 +36,7 @@ Anchors: NeMo AutoModel reports ~40% MFU for Llama-3.1-8B LoRA on one H100; Unsl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -49,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, machine, median, training_clock, write_section  # noqa: E402
 
 SECTION = "## GPU LoRA: Llama-3.2-1B shape, kubetune vs TRL defaults (bench/gpu_lora.py)"
+SECTION_LIGER = "## GPU LoRA with Liger kernels: Llama-3.2-1B shape, kubetune + Liger vs TRL defaults (bench/gpu_lora.py --liger)"
 
 LLAMA_3_2_1B = dict(
     hidden_size=2048,
@@ -92,9 +94,14 @@ def flops_per_token(cfg: dict, seq: int) -> float:
     return 4 * matmul_params(cfg) + 6 * cfg["num_hidden_layers"] * seq * cfg["num_attention_heads"] * cfg["head_dim"]
 
 
-def fastest_attention() -> str:
-    import importlib.util
+def libraries() -> str:
+    import importlib.metadata as md
 
+    names = ["transformers", "trl", "peft", "accelerate"] + (["liger-kernel"] if importlib.util.find_spec("liger_kernel") else [])
+    return ", ".join(f"{n} {md.version(n)}" for n in names)
+
+
+def fastest_attention() -> str:
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
 
 
@@ -254,8 +261,6 @@ def main() -> int:
     if a.attn == "fastest":
         a.attn = "sdpa" if a.cpu_smoke_test else fastest_attention()
     if a.liger:
-        import importlib.util
-
         if not importlib.util.find_spec("liger_kernel"):
             print("error: --liger needs the liger-kernel package: pip install liger-kernel", file=sys.stderr)
             return 2
@@ -317,11 +322,11 @@ batch, lr and steps. MFU = tokens/s x (4N + 6·L·s·d) / peak; peak {peak} TFLO
 | peak GPU memory | {gib(tmem)} | {gib(kmem)} | |
 
 Anchors: NeMo AutoModel ~40% MFU for Llama-3.1-8B LoRA on one H100; Unsloth claims 2x HF speed.
-Command: `{cmd}`. Machine: {machine()}.
+Command: `{cmd}`. Machine: {machine()}. Libraries: {libraries()}.
 """
     print(body)
     if a.write_docs:
-        write_section(SECTION, body)
+        write_section(SECTION_LIGER if a.liger else SECTION, body)
         print("recorded in docs/benchmarks.md")
     return 0
 
