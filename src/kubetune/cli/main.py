@@ -19,9 +19,9 @@ import typer
 from typer.core import TyperGroup
 
 from .. import constants as C
-from ..errors import KubetuneError
-from ..events import EventType
-from ._output import PlainHelpCommand, PlainProgress, check_output_format, closed_stdout_ends_quietly, console as _output_console, duration, event_text, eval_text, print_data
+from ..errors import KubetuneError, SpecError
+from ._follow import _Terminated, _follow, _print_success, _stop_as_preempted, _termination_raises
+from ._output import PlainHelpCommand, check_output_format, closed_stdout_ends_quietly, console as _output_console, print_data
 
 
 class _Commands(TyperGroup):
@@ -50,6 +50,21 @@ _SET_HELP = "Override a spec field, e.g. --set training.learning_rate=1e-4 (repe
 _BACKEND_HELP = "Where the job runs: local, kubernetes or kfp."
 _SERVER_HELP = "Send this to a kubetune server (http://HOST:8000, docs/server.md) instead of a backend; its key: $KUBETUNE_API_KEY."
 _JOB_HELP = "Job id, name (its newest job) or run directory (the newest job there)."
+_NAMESPACE_HELP = "Kubernetes namespace (--backend kubernetes; default: the spec's kubernetes.namespace, else the kubeconfig context's)."
+_CONTEXT_HELP = "kubeconfig context (--backend kubernetes; default: the current one)."
+
+
+def _client(server: Optional[str], backend: str, namespace: Optional[str] = None, context: Optional[str] = None):
+    """The Client the options name: a server, else the backend (``-n``/``--context`` reach the kubernetes backend,
+    as kubectl's do)."""
+    from ..client import Client
+
+    cluster = {k: v for k, v in (("namespace", namespace), ("context", context)) if v}
+    if cluster and (server or backend != "kubernetes"):
+        flag = "-n/--namespace" if namespace else "--context"
+        raise SpecError(f"{flag} applies to --backend kubernetes" + (", not to --server" if server else f", not to {backend}"),
+                        hint="add --backend kubernetes, or drop the option")
+    return Client(server or backend, **cluster)
 
 
 @app.callback()
@@ -128,6 +143,8 @@ def run(
     set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", metavar="NAMESPACE", help=_NAMESPACE_HELP),
+    context: Optional[str] = typer.Option(None, "--context", metavar="CONTEXT", help=_CONTEXT_HELP),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the job id and return at once; the job runs on (kubetune status/logs/cancel JOB)."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="MODE", help="kfp backend: local (KFP local runner) or remote (a KFP server); sets kfp.mode."),
     restart: bool = typer.Option(False, "--restart", help="Start over in output.dir: remove its checkpoints and replace a finished run there (sets training.resume=never)."),
@@ -140,7 +157,6 @@ def run(
 
     In a terminal progress is a live bar; in a pipe or CI it is a line every few seconds or every tenth of the steps.
     """
-    from ..client import Client
     from ..spec import load_spec
 
     if mode is not None:  # a shorthand for --set kfp.mode=...; docs/kfp.md
@@ -151,7 +167,7 @@ def run(
         set_ = [*set_, "training.resume=never"]
     job = load_spec(spec, set_)
     _warn_spec(job)
-    client = Client(server or backend)
+    client = _client(server, backend, namespace, context)
     ref = client.submit(job)
     out = _console()
     if (ref.extra or {}).get("already_complete"):
@@ -187,154 +203,6 @@ def run(
     raise typer.Exit(int(st.extra.get("exit_code", 1)) if st.extra else 1)
 
 
-def _print_success(ref, out) -> None:
-    result = _read_result(ref)
-    summary = ""
-    if result:
-        bits = [f"train_loss={result['train_loss']:.4f}" if isinstance(result.get("train_loss"), (int, float)) else ""]
-        if isinstance(result.get("eval_loss"), (int, float)):
-            bits.append(f"eval_loss={result['eval_loss']:.4f}")
-        for key in ("eval_reward_accuracy", "eval_reward_margin"):  # DPO / ORPO on held-out pairs
-            if isinstance(result.get(key), (int, float)):
-                bits.append(f"{key}={result[key]:.3f}")
-        if isinstance(result.get("tokens_per_second"), (int, float)) and result["tokens_per_second"]:
-            bits.append(f"{result['tokens_per_second']:.0f} tokens/s")
-        seconds = result.get("total_seconds", result.get("runtime_seconds", 0))
-        if isinstance(seconds, (int, float)):
-            bits.append(f"{seconds:.0f}s")
-        summary = " (" + ", ".join(b for b in bits if b) + ")"
-    out.print(f"[green]succeeded[/]{summary}")
-    if ref.run_dir:
-        out.print(f"results in {ref.run_dir}")
-
-
-class _Terminated(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-# Signals that end `kubetune run` in the foreground without the user asking for a cancel.
-_TERMINATION_SIGNALS = ("SIGTERM", "SIGHUP")
-
-
-@contextlib.contextmanager
-def _termination_raises():
-    """While following a job, SIGTERM and SIGHUP raise _Terminated (their default would orphan the worker)."""
-    import signal
-
-    def raise_terminated(signum, frame):
-        raise _Terminated(signum)
-
-    sigs = [getattr(signal, n) for n in _TERMINATION_SIGNALS if hasattr(signal, n)]
-    previous = {s: signal.signal(s, raise_terminated) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _stop_as_preempted(client, ref, out, signum: int) -> None:
-    """Stop a followed job as a preemption: a checkpoint at the next step boundary, then ``preempted``."""
-    import signal
-
-    from ..errors import BackendError
-
-    def say(text: str) -> None:
-        try:
-            out.print(text)
-        except Exception:  # the terminal may be gone (SIGHUP): stopping the job matters more
-            pass
-
-    name = signal.Signals(signum).name
-    say(f"[yellow]received {name}: stopping the job once it has saved a checkpoint (rerun the spec to resume)[/]")
-    try:
-        st = client.preempt(ref)
-    except BackendError:
-        say(f"[yellow]the job goes on ({ref.id}): kubetune status / cancel follow it[/]")
-        return
-    if st is not None:
-        say(f"{st.state}: {st.reason or ''}")
-
-
-def _read_result(ref) -> dict | None:
-    if not ref.run_dir:
-        return None
-    from ..events import RunDir
-
-    return RunDir(ref.run_dir).read_result()
-
-
-def _follow(client, ref, out):
-    """Show the job's progress until it ends (a live bar in a terminal, lines otherwise); returns the final status."""
-    events = client.events(ref)
-    starts = [i for i, ev in enumerate(events) if ev.get("type") == EventType.STATE and (ev.get("data") or {}).get("state") == C.STATE_PENDING]
-    seen = starts[-1] if starts else 0  # earlier submissions' events stay in the file as history
-    if not out.is_terminal:
-        return _follow_plain(client, ref, out, seen)
-    from rich.live import Live
-
-    st = client.status(ref)
-    with Live(_progress_view(st), console=out, refresh_per_second=4, transient=True) as live:
-        while True:
-            events = client.events(ref)
-            for ev in events[seen:]:
-                line = eval_text(ev) if (ev.get("data") or {}).get("eval_loss") is not None else event_text(ev)
-                if line:
-                    live.console.print(line)
-            seen = len(events)
-            st = client.status(ref)
-            live.update(_progress_view(st))
-            if st.terminal:
-                return st
-            time.sleep(0.5)
-
-
-def _follow_plain(client, ref, out, seen: int):
-    """Outside a terminal: stages, evaluations, checkpoints and warnings, and a progress line every few seconds or
-    every tenth of the steps (:class:`kubetune.cli._output.PlainProgress`), each printed whole on one line."""
-    progress = PlainProgress()
-    while True:
-        events = client.events(ref)
-        for ev in events[seen:]:
-            for line in progress.lines(ev):
-                out.print(line)
-        seen = len(events)
-        st = client.status(ref)
-        if st.terminal:
-            for ev in client.events(ref)[seen:]:  # what was written between the last read and the end
-                for line in progress.lines(ev):
-                    out.print(line)
-            for line in progress.end():
-                out.print(line)
-            return st
-        time.sleep(0.5)
-
-
-def _progress_view(st):
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
-    g = Table.grid(padding=(0, 1))
-    total = st.total_steps or 0
-    bar = ProgressBar(total=max(total, 1), completed=min(st.step, total) if total else 0, width=30)
-    parts = [f"{st.state}", f"stage={st.stage or '-'}", f"step {st.step}/{total or '?'}"]
-    if st.loss is not None:
-        parts.append(f"loss {st.loss:.4f}")
-    if st.eval_loss is not None:
-        parts.append(f"eval {st.eval_loss:.4f}")
-    for key, label in (("reward_accuracy", "reward acc"), ("reward_margin", "margin")):  # DPO / ORPO
-        if isinstance((st.extra or {}).get(key), (int, float)):
-            parts.append(f"{label} {st.extra[key]:.3f}")
-    if st.tokens_per_second:
-        parts.append(f"{st.tokens_per_second:.0f} tok/s")
-    if st.eta_seconds is not None:
-        parts.append(f"ETA {duration(st.eta_seconds)}")
-    g.add_row(bar, "  ".join(parts))
-    return g
-
-
 _LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and finished times, tokens/s), json or yaml (every status field, raw times)."
 
 
@@ -342,18 +210,19 @@ _LIST_OUTPUT_HELP = "table (default), wide (also name, backend, created and fini
 def list_(
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", metavar="NAMESPACE", help=_NAMESPACE_HELP),
+    context: Optional[str] = typer.Option(None, "--context", metavar="CONTEXT", help=_CONTEXT_HELP),
     output: str = typer.Option("table", "-o", "--output", metavar="FORMAT", help=_LIST_OUTPUT_HELP),
 ) -> None:
     """List jobs, newest first (in a pipe: every value whole, one job a line)."""
     from rich.markup import escape
     from rich.table import Column, Table
 
-    from ..client import Client
     from ..redact import redact_data
     from ._output import timestamp
 
     fmt = check_output_format(output, ("table", "wide", "json", "yaml"))
-    client = Client(server or backend)
+    client = _client(server, backend, namespace, context)
     rows, records = [], []
     for ref in client.list():
         try:
@@ -395,18 +264,19 @@ def status(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", metavar="NAMESPACE", help=_NAMESPACE_HELP),
+    context: Optional[str] = typer.Option(None, "--context", metavar="CONTEXT", help=_CONTEXT_HELP),
     output: str = typer.Option("text", "-o", "--output", metavar="FORMAT", help="text (default: for people, local times), json or yaml (raw values, times as seconds since the epoch)."),
     as_json: bool = typer.Option(False, "--json", help="The same as -o json."),
 ) -> None:
     """Show a job's state, stage, progress and times (an earlier job id: that job's final status)."""
     from rich.markup import escape
 
-    from ..client import Client
     from ..redact import redact_data
     from ._output import status_rows
 
     fmt = "json" if as_json else check_output_format(output, ("text", "json", "yaml"))
-    st = Client(server or backend).status(job)
+    st = _client(server, backend, namespace, context).status(job)
     data = redact_data(st.to_dict())  # also for runs recorded by an older kubetune, and cluster pods' reasons
     if fmt in ("json", "yaml"):
         print_data(data, fmt)
@@ -423,12 +293,13 @@ def logs(
     all_runs: bool = typer.Option(False, "--all", help="Also the earlier jobs' logs in the same run directory, each after a header line naming its job id."),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", metavar="NAMESPACE", help=_NAMESPACE_HELP),
+    context: Optional[str] = typer.Option(None, "--context", metavar="CONTEXT", help=_CONTEXT_HELP),
 ) -> None:
     """Print a job's worker log: this job's part only, from the header line naming its id (--all: earlier jobs' too)."""
-    from ..client import Client
     from ..redact import redact_text
 
-    for line in Client(server or backend).logs(job, follow=follow, all_runs=all_runs):  # cluster pod logs too: mask whatever they hold
+    for line in _client(server, backend, namespace, context).logs(job, follow=follow, all_runs=all_runs):  # cluster pod logs too: mask whatever they hold
         typer.echo(redact_text(line))
 
 
@@ -437,11 +308,12 @@ def cancel(
     job: str = typer.Argument(..., metavar="JOB", help=_JOB_HELP),
     backend: str = typer.Option("local", "--backend", "-b", metavar="BACKEND", help=_BACKEND_HELP),
     server: Optional[str] = typer.Option(None, "--server", envvar="KUBETUNE_SERVER", metavar="URL", help=_SERVER_HELP),
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", metavar="NAMESPACE", help=_NAMESPACE_HELP),
+    context: Optional[str] = typer.Option(None, "--context", metavar="CONTEXT", help=_CONTEXT_HELP),
 ) -> None:
     """Stop a job and every process it started."""
-    from ..client import Client
 
-    client = Client(server or backend)
+    client = _client(server, backend, namespace, context)
     client.cancel(job)
     typer.echo(f"{job}: {client.status(job).state}")
 

@@ -77,6 +77,7 @@ def run(
     early_stop: bool = typer.Option(False, "--early-stop", help="Stop clearly bad trials early (median rule)."),
     backend: str = typer.Option("local", "--backend", "-b", help="Where trials run: local, kubernetes or kfp."),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Kubernetes namespace (kubernetes backend)."),
+    context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context (kubernetes backend; default: the current one)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Names the sweep <job name>-<run id>; a new run id starts a fresh sweep."),
     sweep_dir: Optional[str] = typer.Option(None, "--dir", help="Sweep directory (default: sweep.dir, runs/sweeps/{id})."),
     set_: List[str] = typer.Option([], "--set", help="Override a base spec field, e.g. --set training.max_steps=100 (repeatable)."),
@@ -87,10 +88,13 @@ def run(
     from ..sweep.run import run_sweep, sweep_dir_for, sweep_id_for
 
     job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir)
+    options = {k: v for k, v in (("namespace", namespace), ("context", context)) if v}
+    if options and (server or backend != "kubernetes"):
+        flag = "-n/--namespace" if namespace else "--context"
+        raise SpecError(f"{flag} applies to --backend kubernetes, not to " + ("--server" if server else backend), hint="add --backend kubernetes, or drop the option")
     if server:
         _run_on_server(job, server, detach=detach, parallel=parallel)
         return
-    options = {"namespace": namespace} if namespace else {}
     if detach:
         _detach(sys.argv, sweep_dir_for(job, sweep_id_for(job, run_id)), sweep_id_for(job, run_id))
         return

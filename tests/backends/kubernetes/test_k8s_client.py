@@ -341,6 +341,44 @@ def test_cli_run_status_cancel(double, kubeconfig, tmp_path):
     assert r.returncode == 2 and "no kubetune job 'tune-demo'" in r.stderr
 
 
+def test_cli_namespace_and_context_reach_every_verb(double, tmp_path):
+    """kubectl's -n/--namespace and --context on run, list, status, logs and cancel."""
+    cfg = yaml.safe_load(double.kubeconfig(tmp_path / "kubeconfig").read_text())
+    cfg["users"].append({"name": "stranger", "user": {"token": "not-the-token"}})
+    cfg["contexts"].append({"name": "elsewhere", "context": {"cluster": "double", "user": "stranger"}})
+    cfg["current-context"] = "elsewhere"  # the current context is refused (401): only --context double works
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(specs.spec("cpu")), encoding="utf-8")
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig")}
+
+    def kt(*args):
+        return subprocess.run([sys.executable, "-m", "kubetune.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+
+    cluster = ("--backend", "kubernetes", "--context", "double", "-n", "team-a")
+    r = kt("run", str(spec), *cluster, "--detach")
+    assert r.returncode == 0, r.stderr
+    assert double.get(*JOBS, "team-a", "tune-demo") is not None and double.get(*JOBS, "default", "tune-demo") is None
+    workload = double.get(*JOBS, "team-a", "tune-demo")
+    _running_pod(double, workload, logs=_worker_log(make_event("state", "running", state="running"), make_event("stage", "training", stage="train")), phase="Running",
+                 main_state={"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    double.set_status(*JOBS, "team-a", "tune-demo", {"active": 1, "ready": 1})
+    r = kt("list", *cluster, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [j["job_id"] for j in yaml.safe_load(r.stdout)] == ["tune-demo"]
+    assert kt("list", "--backend", "kubernetes", "--context", "double", "-o", "json").stdout.strip() == "[]"  # the context's namespace
+    r = kt("status", "tune-demo", *cluster, "-o", "json")
+    assert r.returncode == 0 and yaml.safe_load(r.stdout)["state"] == "running", r.stderr
+    r = kt("logs", "tune-demo", *cluster)
+    assert r.returncode == 0 and "loading model" in r.stdout
+    refused = kt("status", "tune-demo", "--backend", "kubernetes", "-n", "team-a")  # the current context's user
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    r = kt("cancel", "tune-demo", *cluster)
+    assert r.returncode == 0 and double.get(*JOBS, "team-a", "tune-demo") is None, r.stderr
+    local = kt("list", "-n", "team-a")
+    assert local.returncode == 2 and "-n/--namespace applies to --backend kubernetes" in local.stderr
+
+
 # --- results back --------------------------------------------------------------------------------
 def _pvc_outputs(tmp_path) -> tuple[Path, bytes]:
     """What the finished job left in /workspace/output on its PVC, as the copy pod's tar | base64 prints it."""
