@@ -4,6 +4,7 @@ digests, the refusal to serve a network without keys, the migrations matching th
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ def test_keys_are_hashed_listed_and_revoked(tmp_path, db_url):
 
     listed = cli("server", "keys", "list", "--db", db_url).stdout
     assert key[:10] in listed and "alpha" in listed and key not in listed
+    assert re.search(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d\b", listed), listed  # local ISO 8601, with its offset
     cli("server", "keys", "revoke", key[:10], "--db", db_url)
     assert store.authenticate(key) is None and not store.has_keys()
     bad = cli("server", "keys", "revoke", "kt-nothing", "--db", db_url, check=False)

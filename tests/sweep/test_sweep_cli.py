@@ -72,6 +72,11 @@ def test_status_of_an_unknown_sweep(kubetune_cli, tmp_path):
     assert r.returncode == 2 and "no sweep 'no-such-sweep'" in r.stderr and "kubetune sweep list" in r.stderr
 
 
+def test_status_refuses_an_unknown_output_format(kubetune_cli, tmp_path):
+    r = subprocess.run([*kubetune_cli, "sweep", "status", "no-such-sweep", "-o", "xml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "-o/--output: 'xml' is not one of table, wide, json, yaml, csv" in r.stderr
+
+
 def test_sweep_commands_do_not_import_torch_or_matplotlib():
     code = (
         "import sys, kubetune.cli, kubetune.sweep.run, kubetune.sweep.report, kubetune.cli.sweep; "

@@ -91,6 +91,10 @@ def test_grid_sweep_killed_resumed_ranked_and_skipped_on_rerun(tmp_path, tiny_mo
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "t.html").read_text()
     assert best in page and "data:image/png;base64," in page
+    as_yaml = yaml.safe_load(_cli(*kubetune_cli, "sweep", "status", "rank-t", "-o", "yaml", cwd=tmp_path).stdout)
+    assert [t["trial"] for t in as_yaml["trials"]] == order and as_yaml["trials"][0]["run_dir"] == str(trials / best)
+    wide = _cli(*kubetune_cli, "sweep", "status", "rank-t", "-o", "wide", cwd=tmp_path).stdout
+    assert re.search(rf"^\s*1 \*\s+{best}\s.*\s{re.escape(str(trials / best))}", wide, re.M), wide
 
     # 4. Rerun once more: nothing trains, every trial keeps its job.
     ids = {n: RunDir(trials / n).read_status().job_id for n in NAMES}

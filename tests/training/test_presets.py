@@ -47,6 +47,21 @@ def test_presets_shows_one_in_full_and_refuses_an_unknown_name(kubetune_cli):
     assert "no preset 'qlroa'" in bad.stderr and "lora" in bad.stderr
 
 
+def test_presets_as_json_and_yaml(kubetune_cli):
+    import json
+
+    listed = _cli("presets", "-o", "json")
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.output)
+    assert set(data["methods"]) == set(preset_names()) and {"dpo", "orpo"} <= set(data["objectives"])
+    assert data["methods"]["qlora"]["training"]["max_grad_norm"] == 0.3
+    one = _cli("presets", "dora", "-o", "json")
+    assert one.exit_code == 0 and json.loads(one.output) == data["methods"]["dora"]
+    assert yaml.safe_load(_cli("presets", "-o", "yaml").output) == data
+    bad = subprocess.run([*kubetune_cli, "presets", "-o", "xml"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "-o/--output: 'xml' is not one of table, json, yaml" in bad.stderr
+
+
 def test_every_shipped_preset_is_valid_data():
     for name in preset_names():
         flat = preset_values(name)

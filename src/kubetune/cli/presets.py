@@ -14,6 +14,7 @@ __all__ = ["register"]
 
 def presets(
     name: Optional[str] = typer.Argument(None, help="Show one preset in full (lora, qlora, dora, full; objectives dpo, orpo)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FORMAT", help="table (the list's default), yaml (one preset's default) or json: every preset, or the one named, as data."),
 ) -> None:
     """List the method presets: the defaults each method.type starts from (a spec overrides them field by field)."""
     import yaml
@@ -22,11 +23,18 @@ def presets(
 
     from ..errors import SpecError
     from ..presets import architectures, load_objective, load_preset, objective_names, preset_names, preset_values
+    from ._output import check_output_format, print_data
 
+    fmt = check_output_format(output or ("yaml" if name else "table"), ("table", "json", "yaml"))
     if name is not None:
         if name not in preset_names() + objective_names():
             raise SpecError(f"no preset '{name}'", hint="available: " + ", ".join(preset_names() + objective_names()))
-        typer.echo(yaml.safe_dump(load_preset(name) if name in preset_names() else load_objective(name), sort_keys=False), nl=False)
+        if fmt == "table":
+            raise SpecError("-o table lists every preset; one preset is shown as yaml or json", hint=f"kubetune presets {name} -o json")
+        print_data(load_preset(name) if name in preset_names() else load_objective(name), fmt)
+        return
+    if fmt != "table":  # every preset and objective as data: {"methods": {name: preset}, "objectives": {name: preset}}
+        print_data({"methods": {n: load_preset(n) for n in preset_names()}, "objectives": {n: load_objective(n) for n in objective_names()}}, fmt)
         return
     names = preset_names()
     values = {n: preset_values(n) for n in names}

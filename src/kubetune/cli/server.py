@@ -92,12 +92,12 @@ def keys_list(
     db: Optional[str] = typer.Option(None, "--db", envvar="KUBETUNE_SERVER_DB", help=_DB_HELP),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
 ) -> None:
-    """List the keys (prefix, project, state), never the keys themselves."""
-    import time
+    """List the keys (prefix, project, state, created: local ISO 8601), never the keys themselves."""
+    from ._output import timestamp
 
     for k in _store(ctx, db, config).list_keys():
         state = "revoked" if k["revoked"] else "active"
-        typer.echo(f"{k['prefix']}...  {k['project']:<24} {state:<8} {time.strftime('%Y-%m-%d %H:%M', time.gmtime(k['created_at']))}  {k['id']}")
+        typer.echo(f"{k['prefix']}...  {k['project']:<24} {state:<8} {timestamp(k['created_at'])}  {k['id']}")
 
 
 def keys_revoke(

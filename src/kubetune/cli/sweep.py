@@ -7,7 +7,6 @@ import: the sweep modules (and through them nothing heavier than pydantic) load 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -111,7 +110,7 @@ def run(
 
 def status(
     sweep_key: str = typer.Argument(..., metavar="SWEEP", help="Sweep id or sweep directory."),
-    output: str = typer.Option("table", "-o", "--output", help="table, json or csv (to stdout)."),
+    output: str = typer.Option("table", "-o", "--output", help="table, wide (also attempts, job id, run directory, reason), json, yaml or csv (to stdout)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the ranked trials as CSV to this file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the sweep and ranked trials as JSON to this file."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of all trials' loss curves to this file."),
@@ -121,7 +120,9 @@ def status(
     """Show a sweep's trials (values, state, objective), best first."""
     from ..sweep import report as R
     from ..sweep.run import load_sweep, refresh_sweep, trial_curves
+    from ._output import check_output_format, print_data
 
+    output = check_output_format(output, ("table", "wide", "json", "yaml", "csv"))
     if server:
         for name, given in (("--csv", csv_path), ("--json", json_path), ("--plot", plot_path), ("--html", html_path)):
             if given:
@@ -144,18 +145,15 @@ def status(
             written.append(plot)
     if html_path:
         written.append(R.write_html(sweep, html_path, plot=plot))
-    if output == "json":
-        typer.echo(json.dumps({"sweep": sweep.id, "state": sweep.state, "objective": sweep.objective, "direction": sweep.direction,
-                               "trials": R.rows(sweep)}, indent=2, default=str))
+    if output in ("json", "yaml"):
+        print_data({"sweep": sweep.id, "state": sweep.state, "objective": sweep.objective, "direction": sweep.direction, "trials": R.rows(sweep)}, output)
     elif output == "csv":
         tmp = Path(sweep.dir) / f".status.{os.getpid()}.csv"
         R.write_csv(sweep, tmp)
         typer.echo(tmp.read_text(encoding="utf-8"), nl=False)
         tmp.unlink()
-    elif output == "table":
-        _console().print(_table(sweep))
     else:
-        raise SpecError(f"--output {output}: use table, json or csv")
+        _console().print(_table(sweep, wide=output == "wide"))
     for path in written:
         typer.echo(f"wrote {path}", err=True)
 
@@ -244,9 +242,11 @@ def _run_on_server(job, server: str, *, detach: bool, parallel: int | None) -> N
 
 
 def _status_on_server(sweep_id: str, server: str, output: str) -> None:
+    from ._output import print_data
+
     sw = _remote(server).sweep(sweep_id)
-    if output == "json":
-        typer.echo(json.dumps(sw, indent=2, default=str))
+    if output in ("json", "yaml"):
+        print_data(sw, output)
     elif output == "csv":
         import csv
         import io
@@ -258,10 +258,8 @@ def _status_on_server(sweep_id: str, server: str, output: str) -> None:
         for rank, t in enumerate(_ranked(sw), start=1):
             w.writerow([rank, t["id"], t["name"], *(t["values"].get(k, "") for k in params), t["status"], "" if t["objective"] is None else t["objective"]])
         typer.echo(buf.getvalue(), nl=False)
-    elif output == "table":
-        _console().print(_server_table(sw))
     else:
-        raise SpecError(f"--output {output}: use table, json or csv")
+        _console().print(_server_table(sw, wide=output == "wide"))
 
 
 def _ranked(sw: dict) -> list[dict]:
@@ -271,7 +269,7 @@ def _ranked(sw: dict) -> list[dict]:
     return done + [t for t in sw["trials"] if t not in done]
 
 
-def _server_table(sw: dict):
+def _server_table(sw: dict, wide: bool = False):
     from rich.table import Table
 
     params = list(dict.fromkeys(k for t in sw["trials"] for k in t["values"]))
@@ -279,11 +277,14 @@ def _server_table(sw: dict):
     names = [s if short.count(s) == 1 else k for s, k in zip(short, params)]
     best_id = (sw.get("best") or {}).get("id")
     table = Table(title=f"sweep {sw['id']} ({sw['status']}, {sw['objective']} {sw['direction']})", box=None, title_justify="left")
-    for col in ["#", "TRIAL", *names, "STATE", sw["objective"].upper(), "JOB"]:
-        table.add_column(col, justify="right" if col == "#" else "left")
+    extra = ["MODEL", "REASON"] if wide else []
+    for col in ["#", "TRIAL", *names, "STATE", sw["objective"].upper(), "JOB", *extra]:
+        table.add_column(col, justify="right" if col == "#" else "left", no_wrap=wide)
     for rank, t in enumerate(_ranked(sw), start=1):
         is_best = t["id"] == best_id
-        table.add_row(f"{rank}{' *' if is_best else ''}", t["name"], *(_fmt(t["values"].get(k)) for k in params), t["status"], _fmt(t["objective"]), t["id"],
+        err = t.get("error")
+        more = [t.get("fine_tuned_model") or "", (err.get("message") if isinstance(err, dict) else err) or ""] if wide else []
+        table.add_row(f"{rank}{' *' if is_best else ''}", t["name"], *(_fmt(t["values"].get(k)) for k in params), t["status"], _fmt(t["objective"]), t["id"], *map(str, more),
                       style="bold green" if is_best else ("dim" if t["status"] not in ("succeeded", "running") else None))
     if sw.get("best"):
         table.caption = f"best: {sw['best']['name']}  {_values(sw['best']['values'])}  ->  job {sw['best']['id']} (kubetune status {sw['best']['id']} --server URL)"
@@ -396,7 +397,7 @@ def _detach(argv: list[str], directory: Path, sweep_id: str) -> None:
     typer.echo(f"running in the background (pid {proc.pid}); follow it with: kubetune sweep status {sweep_id}  (log: {directory / C.SWEEP_LOG})", err=True)
 
 
-def _table(sweep):
+def _table(sweep, wide: bool = False):
     from rich.table import Table
 
     best = sweep.best()
@@ -407,8 +408,8 @@ def _table(sweep):
 
     preference = preference_columns(sweep)  # DPO / ORPO trials: reward accuracy and margin
     for col in ["#", "TRIAL", *names, "STATE", sweep.objective.upper(), "TRAIN_LOSS" if sweep.objective != "train_loss" else "EVAL_LOSS",
-                *(m.upper() for m in preference), "STEP", "TIME"]:
-        table.add_column(col, justify="right" if col in ("#", "STEP", "TIME") else "left")
+                *(m.upper() for m in preference), "STEP", "TIME", *(["ATTEMPTS", "JOB", "RUN_DIR", "REASON"] if wide else [])]:
+        table.add_column(col, justify="right" if col in ("#", "STEP", "TIME", "ATTEMPTS") else "left", no_wrap=wide)
     other = "train_loss" if sweep.objective != "train_loss" else "eval_loss"
     for rank, t in enumerate(sweep.ranked(), start=1):
         is_best = best is not None and t.name == best.name
@@ -417,6 +418,8 @@ def _table(sweep):
             f"{rank}{' *' if is_best else ''}", t.name, *(_fmt(t.values.get(k)) for k in sweep.params), t.state,
             _fmt(t.objective), _fmt(t.metrics.get(other)), *(_fmt(t.metrics.get(m)) for m in preference), f"{t.step}/{t.total_steps or '?'}", seconds,
         ]
+        if wide:
+            cells += [str(t.attempts), str((t.job or {}).get("id") or ""), str(t.run_dir or ""), t.reason or ""]
         table.add_row(*cells, style="bold green" if is_best else ("dim" if t.state not in (C.STATE_SUCCEEDED, C.STATE_RUNNING) else None))
     if best is not None:
         table.caption = f"best: {best.name}  {' '.join(f'{k}={v}' for k, v in best.values.items())}  ->  {best.run_dir}"
