@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 # No KUBETUNE_HOME of its own: the quickstart's job goes where the kubetune in your shell looks for it (the
 # default ~/.cache/kubetune, or your KUBETUNE_HOME), so `kubetune list` / `status quickstart` find it afterwards.
 
-.PHONY: setup test-deps quickstart test bench clean
+.PHONY: setup test-deps quickstart test bench clean constraints
 
 $(BIN)/kubetune: pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,12 @@ quickstart: setup
 
 test: setup test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# constraints.txt: the exact libraries the test suite passed with (no local build labels such as +cpu, so the
+# CUDA image's torch matches too). The images install with it; regenerate after `make test` passes.
+constraints: setup
+	@$(BIN)/python -m pip freeze --exclude-editable --all | grep -v -E '^(kubetune|pip|setuptools|wheel)==' | sed -E 's/\+[A-Za-z0-9.]+$$//' | LC_ALL=C sort -f > constraints.txt
+	@echo "wrote constraints.txt ($$(wc -l < constraints.txt) packages)"
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

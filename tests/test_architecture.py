@@ -20,7 +20,7 @@ PKG = SRC / "kubetune"
 
 # Lower index = lower layer. A module may import its own layer and the ones below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "constants", "paths", "_version", "redact", "ranks", "quiet", "cpu"),
+    ("errors", "constants", "paths", "_version", "redact", "ranks", "quiet", "cpu", "extras"),
     ("spec", "presets", "events"),
     ("storage",),
     ("data", "training", "preflight", "preemption"),  # training.distributed: what a rank does about the others

@@ -456,7 +456,12 @@ def main() -> None:
             disable_library_progress_bars()  # piped or logged: tqdm bars would be lines of carriage returns
     closed_stdout_ends_quietly(_stdout_gone)
     try:
-        app()
+        try:
+            app()
+        except ModuleNotFoundError as e:  # an optional package imported deep inside a command: name the extra
+            from ..extras import missing_extra
+
+            raise (missing_extra(e) or e) from e
     except KubetuneError as e:
         if debug:
             raise

@@ -17,7 +17,6 @@ def presets(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FORMAT", help="table (the list's default), yaml (one preset's default) or json: every preset, or the one named, as data."),
 ) -> None:
     """List the method presets: the defaults each method.type starts from (a spec overrides them field by field)."""
-    import yaml
     from rich.console import Console
     from rich.table import Table
 

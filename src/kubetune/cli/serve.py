@@ -69,6 +69,10 @@ def serve(
         extra_vllm_args=tuple(vllm_arg),
     )
     adapters = parse_adapter_args(adapter)
+    if options.engine != "vllm":  # vLLM brings its own server
+        from ..extras import require
+
+        require("serve", "kubetune serve")
     if options.engine == "vllm":
         from ..serve.vllm import require_vllm
 

@@ -43,6 +43,9 @@ def server(
         ctx.obj = {"db": db, "config": config}
         return
     from ..errors import SpecError
+    from ..extras import require
+
+    require("server", "kubetune server", also=("serve",))
     from ..server.config import is_loopback, load_config
     from ..server.store import Store
 
@@ -63,6 +66,9 @@ def server(
 
 
 def _store(ctx: typer.Context, db: Optional[str], config: Optional[Path]):
+    from ..extras import require
+
+    require("server", "kubetune server keys")
     from ..server.config import load_config
     from ..server.store import Store
 
