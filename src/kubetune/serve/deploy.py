@@ -22,7 +22,9 @@ from .. import constants as C
 from ..errors import SpecError
 from ..spec import TuneJob
 
-__all__ = ["render_serve", "ServeSource", "serve_sources", "lora_rank_option"]
+__all__ = ["render_serve", "ServeSource", "serve_sources", "lora_rank_option", "tool_call_args", "FLAVORS"]
+
+FLAVORS = ("deployment", "kserve")  # what render_serve renders: a Deployment + Service, or a KServe InferenceService
 
 _SERVE_PORT_NAME = "http"
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -60,8 +62,11 @@ def render_serve(
     max_model_len: int | None = None,
     api_key_secret: str | None = None,
     extra_args: list[str] | None = None,
+    flavor: str = "deployment",
+    tool_call_parser: str | None = None,
 ) -> list[dict]:
-    """The Deployment and Service that serve ``job``'s result with vLLM's OpenAI server.
+    """The objects that serve ``job``'s result with vLLM's OpenAI server: a Deployment and its Service, or a KServe
+    InferenceService (``flavor="kserve"``).
 
     Args:
         job: the validated job whose output is served.
@@ -75,14 +80,20 @@ def render_serve(
         served_model_name: the id of the job's model (default: the job name).
         max_model_len: vLLM's ``--max-model-len`` (default: the model's).
         api_key_secret: ``SECRET[:KEY]`` whose value clients must send as a bearer key (env VLLM_API_KEY).
-        extra_args: passed to vLLM unchanged.
+        extra_args: passed to vLLM unchanged (a tool-call flag among them replaces kubetune's).
+        flavor: ``deployment`` (a Deployment and a Service) or ``kserve`` (one serving.kserve.io/v1beta1
+            InferenceService with the same pod).
+        tool_call_parser: vLLM's ``--tool-call-parser`` (with ``--enable-auto-tool-choice``); ``none``: no tool
+            flags; None: ``hermes`` when the served chat template is known to render tools, else none.
 
     Returns:
-        [Deployment, Service] as plain dicts.
+        [Deployment, Service], or [InferenceService], as plain dicts.
 
     Raises:
         SpecError: the job's result cannot be reached from a pod, or an option is invalid (named).
     """
+    if flavor not in FLAVORS:
+        raise SpecError(f"--flavor '{flavor}': expected one of {', '.join(FLAVORS)}", hint="deployment (the default) or kserve (a KServe InferenceService)")
     if replicas < 1:
         raise SpecError(f"--replicas must be at least 1, got {replicas}")
     from ..backends.kubernetes.pod import refuse_credentials
@@ -93,6 +104,14 @@ def render_serve(
     gpus = accelerators if accelerators is not None else max(job.resources.accelerators, 1)
     if gpus < 1:
         raise SpecError(f"--accelerators must be at least 1 (vLLM serves on accelerators), got {gpus}")
+    tools = tool_call_args(job, tool_call_parser, extra_args or [])
+    if flavor == "kserve":
+        from .kserve import render_inference_service
+
+        return render_inference_service(
+            job, sources, gpus=gpus, replicas=replicas, image=image, namespace=namespace, max_model_len=max_model_len,
+            api_key_secret=api_key_secret, extra_args=tools + list(extra_args or []),
+        )
     labels = _labels(job)
     selector = {C.LABEL_JOB: job.name, C.LABEL_COMPONENT: C.COMPONENT_SERVE}
     ns = namespace or job.kubernetes.namespace
@@ -106,7 +125,7 @@ def render_serve(
             m["annotations"] = dict(job.kubernetes.annotations)
         return m
 
-    pod_spec = _pod_spec(job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=extra_args or [])
+    pod_spec = _pod_spec(job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=tools + list(extra_args or []))
     # Prometheus' conventional scrape annotations: vLLM serves its metrics at /metrics on the API port (outside the
     # API key's reach). The spec's own kubernetes.annotations win.
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(C.SERVE_PORT), "prometheus.io/path": "/metrics"}
@@ -221,6 +240,52 @@ def lora_rank_option(rank: int) -> int:
     raise SpecError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank ({C.SERVE_VLLM_LORA_RANKS[-1]})", hint="merge the adapter (output.merge: true) and serve it with --merged")
 
 
+# --- tool calling --------------------------------------------------------------------------------
+_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
+_PARSER_RE = re.compile(r"^[A-Za-z0-9][-_.A-Za-z0-9]*$")
+
+
+def tool_call_args(job: TuneJob, parser: str | None, extra_args: list[str]) -> list[str]:
+    """vLLM's tool-calling flags for the served model: ``--enable-auto-tool-choice --tool-call-parser PARSER``.
+
+    ``parser`` names vLLM's parser (``none``: no flags); None means ``hermes`` when the chat template the model is
+    served with is known at render time to render tools in the Hermes form (:func:`default_tool_parser`). A
+    tool-call flag among ``extra_args`` (the user's ``--vllm-arg``) replaces kubetune's flags.
+
+    Raises:
+        SpecError: ``parser`` is not a parser name.
+    """
+    if parser is not None and not _PARSER_RE.match(parser):
+        raise SpecError(f"--tool-call-parser '{parser}': expected a vLLM tool-call parser name (hermes, llama3_json, mistral, ...) or none")
+    if any(a.split("=")[0] in _TOOL_FLAGS for a in extra_args):
+        return []
+    chosen = default_tool_parser(job) if parser is None else parser
+    return [] if chosen is None or chosen == "none" else ["--enable-auto-tool-choice", "--tool-call-parser", chosen]
+
+
+def default_tool_parser(job: TuneJob) -> str | None:
+    """``hermes`` when the served chat template renders tools in the Hermes form, as far as can be known without
+    fetching anything: ``dataset.chat_template: chatml`` (kubetune's chatml renders tools that way), or no named
+    template and a base model that is a local directory or a builtin:// model whose template does. None otherwise
+    (a hub or bucket model's template is unknown until it is fetched: pass ``--tool-call-parser``)."""
+    from .vllm import hermes_tools_in, renders_hermes_tools
+
+    named = job.dataset.chat_template
+    if named is not None:
+        from ..data.templates import CHAT_TEMPLATES
+
+        return "hermes" if named == "chatml" and CHAT_TEMPLATES[named].tool_calling else None
+    source = job.model.source
+    if source.startswith("builtin://"):
+        from ..training.builtin import CHATML_TEMPLATE
+
+        return "hermes" if hermes_tools_in(CHATML_TEMPLATE) else None
+    from pathlib import Path
+
+    local = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
+    return "hermes" if local is not None and local.is_dir() and renders_hermes_tools(local) else None
+
+
 # --- the pod ---------------------------------------------------------------------------------------
 def _labels(job: TuneJob) -> dict[str, str]:
     labels = {C.LABEL_MANAGED_BY: C.MANAGED_BY_VALUE, C.LABEL_JOB: job.name, C.LABEL_COMPONENT: C.COMPONENT_SERVE}
@@ -228,7 +293,21 @@ def _labels(job: TuneJob) -> dict[str, str]:
     return labels
 
 
-def _pod_spec(job: TuneJob, sources: list[ServeSource], *, gpus: int, image: str | None, max_model_len: int | None, api_key_secret: str | None, extra_args: list[str]) -> dict:
+def _pod_spec(
+    job: TuneJob,
+    sources: list[ServeSource],
+    *,
+    gpus: int,
+    image: str | None,
+    max_model_len: int | None,
+    api_key_secret: str | None,
+    extra_args: list[str],
+    container: str = C.SERVE_CONTAINER,
+    port: int = C.SERVE_PORT,
+    port_name: str | None = _SERVE_PORT_NAME,
+) -> dict:
+    """The serving pod: init containers that fetch the sources, then vLLM's server in ``container`` on ``port``
+    (probes name the port when it has a name, else its number)."""
     from ..backends.kubernetes import pod as P
 
     uses_pvc = any(s.uri is None for s in sources)
@@ -262,18 +341,19 @@ def _pod_spec(job: TuneJob, sources: list[ServeSource], *, gpus: int, image: str
     mounts = [{"name": "models", "mountPath": C.SERVE_MODELS_DIR}, {"name": "dshm", "mountPath": C.K8S_SHM_DIR}]
     if uses_pvc:
         mounts.append({"name": "workspace", "mountPath": C.K8S_WORKSPACE, "readOnly": True})
+    probe_port: str | int = port_name or port
     main: dict = {
-        "name": C.SERVE_CONTAINER,
+        "name": container,
         "image": image or C.SERVE_VLLM_IMAGE,
         "command": ["python3", "-m", C.SERVE_VLLM_MODULE],
-        "args": _vllm_args(job, sources, gpus=gpus, max_model_len=max_model_len) + list(extra_args),
+        "args": _vllm_args(job, sources, gpus=gpus, max_model_len=max_model_len, port=port) + list(extra_args),
         "env": _serve_env(job, api_key_secret),
-        "ports": [{"name": _SERVE_PORT_NAME, "containerPort": C.SERVE_PORT, "protocol": "TCP"}],
+        "ports": [{**({"name": port_name} if port_name else {}), "containerPort": port, "protocol": "TCP"}],
         "resources": _resources(job, gpus),
         "volumeMounts": mounts,
-        "startupProbe": _probe(period=10, failures=_STARTUP_SECONDS // 10),
-        "readinessProbe": _probe(period=5, failures=3),
-        "livenessProbe": _probe(period=30, failures=3),
+        "startupProbe": _probe(period=10, failures=_STARTUP_SECONDS // 10, port=probe_port),
+        "readinessProbe": _probe(period=5, failures=3, port=probe_port),
+        "livenessProbe": _probe(period=30, failures=3, port=probe_port),
     }
     if job.kubernetes.image_pull_policy:
         main["imagePullPolicy"] = job.kubernetes.image_pull_policy
@@ -294,9 +374,9 @@ def _pod_spec(job: TuneJob, sources: list[ServeSource], *, gpus: int, image: str
     return spec
 
 
-def _vllm_args(job: TuneJob, sources: list[ServeSource], *, gpus: int, max_model_len: int | None) -> list[str]:
+def _vllm_args(job: TuneJob, sources: list[ServeSource], *, gpus: int, max_model_len: int | None, port: int = C.SERVE_PORT) -> list[str]:
     base = sources[0]
-    args = ["--model", base.path, "--served-model-name", base.name, "--host", "0.0.0.0", "--port", str(C.SERVE_PORT)]
+    args = ["--model", base.path, "--served-model-name", base.name, "--host", "0.0.0.0", "--port", str(port)]
     adapters = [s for s in sources if s.role == "adapter"]
     if adapters:
         if job.method.type == "dora":
@@ -346,8 +426,8 @@ def _fetch_env(job: TuneJob) -> list[dict]:
     return out
 
 
-def _probe(*, period: int, failures: int) -> dict:
-    return {"httpGet": {"path": "/health", "port": _SERVE_PORT_NAME}, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
+def _probe(*, period: int, failures: int, port: str | int = _SERVE_PORT_NAME) -> dict:
+    return {"httpGet": {"path": "/health", "port": port}, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
 
 
 def _kubetune_image() -> str:

@@ -18,7 +18,7 @@ from .deploy import lora_rank_option
 from .options import ServeOptions
 from .sources import ServePlan
 
-__all__ = ["vllm_command", "vllm_env", "run_vllm", "vllm_installed", "require_vllm"]
+__all__ = ["vllm_command", "vllm_env", "run_vllm", "vllm_installed", "require_vllm", "renders_hermes_tools", "hermes_tools_in"]
 
 
 def vllm_installed() -> bool:
@@ -98,8 +98,12 @@ def chat_template_text(model_dir) -> str:
 def renders_hermes_tools(model_dir) -> bool:
     """The model's chat template renders tools in the Hermes form (Qwen2.5, Hermes 2 Pro, kubetune's chatml):
     it reads ``tools`` and writes ``<tool_call>`` blocks, which vLLM's ``hermes`` tool-call parser reads back."""
-    text = chat_template_text(model_dir)
-    return "tools" in text and "<tool_call>" in text
+    return hermes_tools_in(chat_template_text(model_dir))
+
+
+def hermes_tools_in(template: str) -> bool:
+    """A chat template's text reads ``tools`` and writes ``<tool_call>`` blocks (the Hermes form)."""
+    return "tools" in template and "<tool_call>" in template
 
 
 def _merged_beside(adapter_path: str) -> str | None:
