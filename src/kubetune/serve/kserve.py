@@ -10,7 +10,7 @@ Service (Serverless) from it; vLLM's metrics are announced with KServe's own Pro
 from __future__ import annotations
 
 from ..spec import TuneJob
-from .deploy import ServeSource, _labels, _pod_spec
+from .podspec import ServeSource, pod_spec, serve_labels
 
 __all__ = ["render_inference_service", "KSERVE_API_VERSION", "KSERVE_CONTAINER", "KSERVE_PORT"]
 
@@ -39,11 +39,11 @@ def render_inference_service(
     Returns:
         [InferenceService] as a plain dict.
     """
-    pod = _pod_spec(
+    pod = pod_spec(
         job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=extra_args,
         container=KSERVE_CONTAINER, port=KSERVE_PORT, port_name=None,  # Knative accepts only unnamed, http1 or h2c ports
     )
-    labels = _labels(job)
+    labels = serve_labels(job)
     # KServe's documented switch for metrics (it sets the pod's prometheus.io annotations from these); vLLM serves
     # /metrics on its API port. The spec's own kubernetes.annotations win.
     scrape = {"serving.kserve.io/enable-prometheus-scraping": "true", "prometheus.kserve.io/port": str(KSERVE_PORT), "prometheus.kserve.io/path": "/metrics"}
