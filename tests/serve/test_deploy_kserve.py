@@ -49,6 +49,7 @@ def test_lora_job_on_s3_is_one_inference_service_serving_base_plus_adapter(tmp_p
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1" and isvc["kind"] == "InferenceService"
     assert isvc["metadata"]["name"] == "support-bot-serve" and isvc["metadata"]["namespace"] == "ml"
     p, main = predictor(isvc)
+    assert "annotations" not in p
     assert [c["command"] for c in p["initContainers"]] == [
         ["kubetune", "fetch", "hf://Qwen/Qwen2.5-0.5B-Instruct", "/models/base"],
         ["kubetune", "fetch", "s3://results/support-bot/adapter", "/models/adapters/support-bot"],
@@ -123,6 +124,7 @@ def test_spec_labels_annotations_and_namespace(tmp_path):
         "serving.kserve.io/enable-prometheus-scraping": "true", "prometheus.kserve.io/port": "8080",
         "prometheus.kserve.io/path": "/custom", "serving.kserve.io/deploymentMode": "RawDeployment"}
     assert isvc["metadata"]["labels"]["team"] == isvc["spec"]["predictor"]["labels"]["team"] == "nlp"
+    assert isvc["spec"]["predictor"]["annotations"] == mine, "the spec's annotations reach the pods too"
     assert "namespace" not in kserve(job(tmp_path, output={"uri": "s3://r/x"}))["metadata"]
 
 

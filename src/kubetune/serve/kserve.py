@@ -59,6 +59,7 @@ def render_inference_service(
         # Recreate: a rolling update would need a second set of accelerators while both versions run (RawDeployment).
         "deploymentStrategy": {"type": "Recreate"},
         "labels": dict(labels),  # on the predictor's pods, as on the Deployment flavor's
+        **({"annotations": dict(job.kubernetes.annotations)} if job.kubernetes.annotations else {}),
         **pod,
     }
     return [{"apiVersion": KSERVE_API_VERSION, "kind": "InferenceService", "metadata": meta, "spec": {"predictor": predictor}}]
