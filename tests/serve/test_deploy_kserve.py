@@ -134,6 +134,11 @@ def test_what_cannot_be_served_is_refused_in_both_flavors(tmp_path):
     with pytest.raises(SpecError, match="--flavor 'knative'") as e:
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}), flavor="knative")
     assert "kserve" in str(e.value) and "deployment" in str(e.value)
+    # KServe's admission webhook (v0.18+) refuses PYTHONPATH in predictor containers: said before kubectl apply
+    with pytest.raises(SpecError, match="PYTHONPATH") as e:
+        render_serve(job(tmp_path, output={"uri": "s3://r/x"}, kubernetes={"env": {"PYTHONPATH": "/opt/x"}}), flavor="kserve")
+    assert "--flavor deployment" in e.value.hint
+    render_serve(job(tmp_path, output={"uri": "s3://r/x"}, kubernetes={"env": {"PYTHONPATH": "/opt/x"}}))  # a Deployment may set it
 
 
 def test_cli_prints_the_inference_service_without_importing_torch(tmp_path):

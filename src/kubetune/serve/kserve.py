@@ -9,6 +9,7 @@ Service (Serverless) from it; vLLM's metrics are announced with KServe's own Pro
 
 from __future__ import annotations
 
+from ..errors import SpecError
 from ..spec import TuneJob
 from .podspec import ServeSource, pod_spec, serve_labels
 
@@ -17,6 +18,7 @@ __all__ = ["render_inference_service", "KSERVE_API_VERSION", "KSERVE_CONTAINER",
 KSERVE_API_VERSION = "serving.kserve.io/v1beta1"
 KSERVE_CONTAINER = "kserve-container"  # the predictor container KServe routes to and reports on
 KSERVE_PORT = 8080  # KServe's default port of a custom predictor container (and Knative's)
+_BLOCKED_ENV = ("PYTHONPATH",)  # KServe's admission webhook refuses these in predictor containers (v0.18 and later)
 
 
 def render_inference_service(
@@ -38,7 +40,16 @@ def render_inference_service(
 
     Returns:
         [InferenceService] as a plain dict.
+
+    Raises:
+        SpecError: the pod sets an environment variable KServe refuses (``PYTHONPATH``).
     """
+    blocked = sorted({k for k in job.kubernetes.env if k in _BLOCKED_ENV})
+    if blocked:
+        raise SpecError(
+            f"kubernetes.env sets {', '.join(blocked)}, which KServe's admission webhook refuses in an InferenceService's containers",
+            hint="leave it out of kubernetes.env for --flavor kserve, or render the Deployment flavor (--flavor deployment)",
+        )
     pod = pod_spec(
         job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=extra_args,
         container=KSERVE_CONTAINER, port=KSERVE_PORT, port_name=None,  # Knative accepts only unnamed, http1 or h2c ports
