@@ -131,6 +131,9 @@ def test_spec_labels_annotations_and_namespace(tmp_path):
 def test_what_cannot_be_served_is_refused_in_both_flavors(tmp_path):
     with pytest.raises(SpecError, match="emptyDir"):
         render_serve(job(tmp_path), flavor="kserve")
+    with pytest.raises(SpecError, match="--adapter extra: credentials") as e:
+        render_serve(job(tmp_path, output={"uri": "s3://r/x"}), adapters={"extra": "https://u:sekrit@h/adapter.tar.gz"}, flavor="kserve")
+    assert "sekrit" not in str(e.value)
     with pytest.raises(SpecError, match="--flavor 'knative'") as e:
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}), flavor="knative")
     assert "kserve" in str(e.value) and "deployment" in str(e.value)
