@@ -103,12 +103,17 @@ def render_serve(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The id of the job's model (default: the job name)."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="vLLM's --max-model-len."),
     api_key_secret: Optional[str] = typer.Option(None, "--api-key-secret", help="SECRET[:KEY] holding the API key clients must send (default key: api-key)."),
-    vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass an argument to vLLM unchanged."),
+    vllm_arg: List[str] = typer.Option([], "--vllm-arg", help="Pass an argument to vLLM unchanged (a tool-call flag replaces kubetune's)."),
+    tool_call_parser: Optional[str] = typer.Option(
+        None, "--tool-call-parser", metavar="PARSER",
+        help="vLLM's tool-call parser (adds --enable-auto-tool-choice); none: no tool flags. Default: hermes when the chat template is known to render tools (dataset.chat_template chatml, or a local/builtin base model's).",
+    ),
+    flavor: str = typer.Option("deployment", "--flavor", help="deployment (a Deployment and a Service) or kserve (a KServe InferenceService)."),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace of the objects (default: kubernetes.namespace)."),
     set_: List[str] = typer.Option([], "--set", help="Override a spec field, e.g. --set resources.accelerators=2 (repeatable)."),
     output: str = typer.Option("yaml", "-o", "--output", help="yaml or json"),
 ) -> None:
-    """Print a vLLM Deployment and Service that serve a job's result on a cluster (pure: talks to no cluster)."""
+    """Print a vLLM Deployment and Service (or a KServe InferenceService) that serve a job's result on a cluster (pure: talks to no cluster)."""
     from ..backends.kubernetes import render_text
     from ..serve.deploy import render_serve as render_objects
     from ..serve.options import parse_adapter_args
@@ -129,6 +134,8 @@ def render_serve(
         max_model_len=max_model_len,
         api_key_secret=api_key_secret,
         extra_args=list(vllm_arg),
+        flavor=flavor,
+        tool_call_parser=tool_call_parser,
     )
     typer.echo(render_text(objects, output), nl=False)
 

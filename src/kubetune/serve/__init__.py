@@ -4,7 +4,8 @@
   (local model and adapter directories, and the model names clients send).
 - :func:`create_app` builds the FastAPI app around an engine (``transformers``: batched, in-process;
   ``vllm``: :func:`vllm_command` runs vLLM's own OpenAI server instead).
-- :func:`render_serve` renders a vLLM Deployment and Service for a job spec (pure, like ``render``).
+- :func:`render_serve` renders a vLLM Deployment and Service, or a KServe InferenceService, for a job spec (pure,
+  like ``render``).
 
 Importing this package is cheap: FastAPI, torch and transformers load inside the functions that use them.
 """

@@ -1,4 +1,5 @@
-"""Cluster serving: a job spec in, a vLLM Deployment and its Service out. Pure, like ``kubetune render``.
+"""Cluster serving: a job spec in, a vLLM Deployment and its Service (or a KServe InferenceService,
+:mod:`kubetune.serve.kserve`) out. Pure, like ``kubetune render``; the pod is :mod:`kubetune.serve.podspec`'s.
 
 What the pod serves is what the job produces:
 
@@ -15,36 +16,15 @@ models are fetched the same way; a local base model is served from its staged co
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from .. import constants as C
 from ..errors import SpecError
 from ..spec import TuneJob
+from .podspec import SERVE_PORT_NAME, ServeSource, lora_rank_option, pod_spec, serve_labels
+from .tool_flags import tool_call_args
 
-__all__ = ["render_serve", "ServeSource", "serve_sources", "lora_rank_option"]
+__all__ = ["render_serve", "ServeSource", "serve_sources", "lora_rank_option", "tool_call_args", "FLAVORS"]
 
-_SERVE_PORT_NAME = "http"
-_SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
-_STARTUP_SECONDS = 1800  # a large model's first download and load; readiness takes over after it
-
-
-@dataclass(frozen=True)
-class ServeSource:
-    """One directory the vLLM container reads.
-
-    Attributes:
-        role: ``base`` (the model vLLM loads) or ``adapter``.
-        name: the model id clients send (``served-model-name`` or the LoRA name).
-        path: where it is inside the pod.
-        uri: what an init container fetches to ``path`` (None: already on the mounted PVC).
-    """
-
-    role: str
-    name: str
-    path: str
-    uri: str | None
+FLAVORS = ("deployment", "kserve")  # what render_serve renders: a Deployment + Service, or a KServe InferenceService
 
 
 def render_serve(
@@ -60,8 +40,11 @@ def render_serve(
     max_model_len: int | None = None,
     api_key_secret: str | None = None,
     extra_args: list[str] | None = None,
+    flavor: str = "deployment",
+    tool_call_parser: str | None = None,
 ) -> list[dict]:
-    """The Deployment and Service that serve ``job``'s result with vLLM's OpenAI server.
+    """The objects that serve ``job``'s result with vLLM's OpenAI server: a Deployment and its Service, or a KServe
+    InferenceService (``flavor="kserve"``).
 
     Args:
         job: the validated job whose output is served.
@@ -75,14 +58,20 @@ def render_serve(
         served_model_name: the id of the job's model (default: the job name).
         max_model_len: vLLM's ``--max-model-len`` (default: the model's).
         api_key_secret: ``SECRET[:KEY]`` whose value clients must send as a bearer key (env VLLM_API_KEY).
-        extra_args: passed to vLLM unchanged.
+        extra_args: passed to vLLM unchanged (a tool-call flag among them replaces kubetune's).
+        flavor: ``deployment`` (a Deployment and a Service) or ``kserve`` (one serving.kserve.io/v1beta1
+            InferenceService with the same pod).
+        tool_call_parser: vLLM's ``--tool-call-parser`` (with ``--enable-auto-tool-choice``); ``none``: no tool
+            flags; None: ``hermes`` when the served chat template is known to render tools, else none.
 
     Returns:
-        [Deployment, Service] as plain dicts.
+        [Deployment, Service], or [InferenceService], as plain dicts.
 
     Raises:
         SpecError: the job's result cannot be reached from a pod, or an option is invalid (named).
     """
+    if flavor not in FLAVORS:
+        raise SpecError(f"--flavor '{flavor}': expected one of {', '.join(FLAVORS)}", hint="deployment (the default) or kserve (a KServe InferenceService)")
     if replicas < 1:
         raise SpecError(f"--replicas must be at least 1, got {replicas}")
     from ..backends.kubernetes.pod import refuse_credentials
@@ -93,7 +82,15 @@ def render_serve(
     gpus = accelerators if accelerators is not None else max(job.resources.accelerators, 1)
     if gpus < 1:
         raise SpecError(f"--accelerators must be at least 1 (vLLM serves on accelerators), got {gpus}")
-    labels = _labels(job)
+    tools = tool_call_args(job, tool_call_parser, extra_args or [])
+    if flavor == "kserve":
+        from .kserve import render_inference_service
+
+        return render_inference_service(
+            job, sources, gpus=gpus, replicas=replicas, image=image, namespace=namespace, max_model_len=max_model_len,
+            api_key_secret=api_key_secret, extra_args=tools + list(extra_args or []),
+        )
+    labels = serve_labels(job)
     selector = {C.LABEL_JOB: job.name, C.LABEL_COMPONENT: C.COMPONENT_SERVE}
     ns = namespace or job.kubernetes.namespace
 
@@ -106,7 +103,7 @@ def render_serve(
             m["annotations"] = dict(job.kubernetes.annotations)
         return m
 
-    pod_spec = _pod_spec(job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=extra_args or [])
+    pod = pod_spec(job, sources, gpus=gpus, image=image, max_model_len=max_model_len, api_key_secret=api_key_secret, extra_args=tools + list(extra_args or []))
     # Prometheus' conventional scrape annotations: vLLM serves its metrics at /metrics on the API port (outside the
     # API key's reach). The spec's own kubernetes.annotations win.
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(C.SERVE_PORT), "prometheus.io/path": "/metrics"}
@@ -120,7 +117,7 @@ def render_serve(
             # Recreate: a rolling update would need a second set of accelerators while both versions run.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector},
-            "template": {"metadata": template_meta, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod},
         },
     }
     service = {
@@ -130,7 +127,7 @@ def render_serve(
         "spec": {
             "type": "ClusterIP",
             "selector": dict(selector),
-            "ports": [{"name": _SERVE_PORT_NAME, "port": C.SERVE_PORT, "targetPort": _SERVE_PORT_NAME, "protocol": "TCP"}],
+            "ports": [{"name": SERVE_PORT_NAME, "port": C.SERVE_PORT, "targetPort": SERVE_PORT_NAME, "protocol": "TCP"}],
         },
     }
     return [deployment, service]
@@ -207,150 +204,3 @@ def _artifact_uri(out_uri: str, artifact: str) -> str:
     if out_uri.startswith("oci://"):
         return f"{out_uri}-merged" if artifact == C.MERGED_DIR else out_uri
     return f"{out_uri.rstrip('/')}/{artifact}"
-
-
-def lora_rank_option(rank: int) -> int:
-    """The smallest ``--max-lora-rank`` vLLM accepts that holds ``rank``.
-
-    Raises:
-        SpecError: the rank is above vLLM's largest.
-    """
-    for r in C.SERVE_VLLM_LORA_RANKS:
-        if rank <= r:
-            return r
-    raise SpecError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank ({C.SERVE_VLLM_LORA_RANKS[-1]})", hint="merge the adapter (output.merge: true) and serve it with --merged")
-
-
-# --- the pod ---------------------------------------------------------------------------------------
-def _labels(job: TuneJob) -> dict[str, str]:
-    labels = {C.LABEL_MANAGED_BY: C.MANAGED_BY_VALUE, C.LABEL_JOB: job.name, C.LABEL_COMPONENT: C.COMPONENT_SERVE}
-    labels.update(job.kubernetes.labels)
-    return labels
-
-
-def _pod_spec(job: TuneJob, sources: list[ServeSource], *, gpus: int, image: str | None, max_model_len: int | None, api_key_secret: str | None, extra_args: list[str]) -> dict:
-    from ..backends.kubernetes import pod as P
-
-    uses_pvc = any(s.uri is None for s in sources)
-    fetches = [s for s in sources if s.uri is not None]
-    ws = job.kubernetes.workspace
-    volumes: list[dict] = [{"name": "models", "emptyDir": {"sizeLimit": ws.size} if ws.volume == "emptyDir" and ws.size else {}}]
-    if uses_pvc:
-        claim = P.names(job)["pvc"]
-        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", **({"sizeLimit": job.kubernetes.shm_size} if job.kubernetes.shm_size else {})}})
-
-    env_fetch = _fetch_env(job)
-    init = []
-    for s in fetches:
-        c: dict = {
-            "name": f"fetch-{s.role}" if s.role == "base" else f"fetch-adapter-{len(init)}",
-            "image": job.kubernetes.image or _kubetune_image(),
-            "command": ["kubetune", "fetch", s.uri, s.path],
-            "env": env_fetch,
-            "volumeMounts": [{"name": "models", "mountPath": C.SERVE_MODELS_DIR}],
-        }
-        if job.kubernetes.image_pull_policy:
-            c["imagePullPolicy"] = job.kubernetes.image_pull_policy
-        if P.env_from(job):
-            c["envFrom"] = P.env_from(job)
-        sc = P.container_security_context(job)
-        if sc:
-            c["securityContext"] = sc
-        init.append(c)
-
-    mounts = [{"name": "models", "mountPath": C.SERVE_MODELS_DIR}, {"name": "dshm", "mountPath": C.K8S_SHM_DIR}]
-    if uses_pvc:
-        mounts.append({"name": "workspace", "mountPath": C.K8S_WORKSPACE, "readOnly": True})
-    main: dict = {
-        "name": C.SERVE_CONTAINER,
-        "image": image or C.SERVE_VLLM_IMAGE,
-        "command": ["python3", "-m", C.SERVE_VLLM_MODULE],
-        "args": _vllm_args(job, sources, gpus=gpus, max_model_len=max_model_len) + list(extra_args),
-        "env": _serve_env(job, api_key_secret),
-        "ports": [{"name": _SERVE_PORT_NAME, "containerPort": C.SERVE_PORT, "protocol": "TCP"}],
-        "resources": _resources(job, gpus),
-        "volumeMounts": mounts,
-        "startupProbe": _probe(period=10, failures=_STARTUP_SECONDS // 10),
-        "readinessProbe": _probe(period=5, failures=3),
-        "livenessProbe": _probe(period=30, failures=3),
-    }
-    if job.kubernetes.image_pull_policy:
-        main["imagePullPolicy"] = job.kubernetes.image_pull_policy
-    if P.env_from(job):
-        main["envFrom"] = P.env_from(job)
-    sc = P.container_security_context(job)
-    if sc:
-        main["securityContext"] = sc
-    spec: dict = {}
-    if init:
-        spec["initContainers"] = init
-    spec["containers"] = [main]
-    spec["volumes"] = volumes
-    spec.update(P.pod_scheduling(job))
-    psc = P.pod_security_context(job)
-    if psc:
-        spec["securityContext"] = psc
-    return spec
-
-
-def _vllm_args(job: TuneJob, sources: list[ServeSource], *, gpus: int, max_model_len: int | None) -> list[str]:
-    base = sources[0]
-    args = ["--model", base.path, "--served-model-name", base.name, "--host", "0.0.0.0", "--port", str(C.SERVE_PORT)]
-    adapters = [s for s in sources if s.role == "adapter"]
-    if adapters:
-        if job.method.type == "dora":
-            raise SpecError("method.type dora: vLLM serves LoRA adapters, not DoRA", hint="set output.merge: true and serve the merged model with --merged")
-        args += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(lora_rank_option(job.method.lora.r))]
-        args += ["--lora-modules", *[f"{a.name}={a.path}" for a in adapters]]
-    if gpus > 1:
-        args += ["--tensor-parallel-size", str(gpus)]
-    if job.model.trust_remote_code:
-        args.append("--trust-remote-code")
-    if job.model.dtype != "auto":
-        args += ["--dtype", job.model.dtype]
-    if max_model_len:
-        args += ["--max-model-len", str(max_model_len)]
-    return args
-
-
-def _resources(job: TuneJob, gpus: int) -> dict:
-    from ..backends.kubernetes import pod as P
-
-    job = job.model_copy(update={"resources": job.resources.model_copy(update={"accelerators": gpus, "processes_per_node": 1, "nodes": 1})})
-    return P.resources(job)  # validates the accelerator name and quantities like the training render
-
-
-def _serve_env(job: TuneJob, api_key_secret: str | None) -> list[dict]:
-    env = [{"name": "HF_HOME", "value": f"{C.SERVE_MODELS_DIR}/.cache/huggingface"}]
-    env += [{"name": k, "value": v} for k, v in job.kubernetes.env.items() if k != "HF_HOME"]
-    if api_key_secret:
-        secret, _, key = api_key_secret.partition(":")
-        key = key or "api-key"
-        if not _SECRET_NAME_RE.match(secret) or len(secret) > 253 or not _SECRET_KEY_RE.match(key):
-            raise SpecError(f"--api-key-secret '{api_key_secret}': expected SECRET[:KEY], a Secret name and one of its keys")
-        env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
-    return env
-
-
-def _fetch_env(job: TuneJob) -> list[dict]:
-    """The training init containers' env (credentials by Secret reference), with caches under /models."""
-    from ..backends.kubernetes import pod as P
-
-    moved = {C.ENV_HOME: f"{C.SERVE_MODELS_DIR}/.kubetune", "HF_HOME": f"{C.SERVE_MODELS_DIR}/.cache/huggingface"}
-    out = []
-    for e in P.env_vars(job, main=False):
-        if e["name"] in moved and "value" in e:
-            e = {"name": e["name"], "value": moved[e["name"]]}
-        out.append(e)
-    return out
-
-
-def _probe(*, period: int, failures: int) -> dict:
-    return {"httpGet": {"path": "/health", "port": _SERVE_PORT_NAME}, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
-
-
-def _kubetune_image() -> str:
-    from .._version import __version__
-
-    return f"{C.K8S_IMAGE_REPO}:{__version__}"

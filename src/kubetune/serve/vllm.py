@@ -14,9 +14,10 @@ import sys
 
 from .. import constants as C
 from ..errors import BackendError, SpecError
-from .deploy import lora_rank_option
+from .podspec import lora_rank_option
 from .options import ServeOptions
 from .sources import ServePlan
+from .tool_flags import TOOL_FLAGS, renders_hermes_tools
 
 __all__ = ["vllm_command", "vllm_env", "run_vllm", "vllm_installed", "require_vllm"]
 
@@ -65,41 +66,11 @@ def vllm_command(plan: ServePlan, options: ServeOptions, *, python: str | None =
         cmd += ["--enable-lora", "--max-loras", str(len(plan.adapters)), "--max-lora-rank", str(lora_rank_option(rank))]
         cmd += ["--lora-modules", *[f"{a.name}={a.path}" for a in plan.adapters]]
     extra = list(options.extra_vllm_args)
-    if renders_hermes_tools(plan.model_dir) and not any(a.split("=")[0] in _TOOL_FLAGS for a in extra):
+    if renders_hermes_tools(plan.model_dir) and not any(a.split("=")[0] in TOOL_FLAGS for a in extra):
         # What kubetune serve's transformers engine parses too: tools in the prompt, <tool_call> JSON in answers.
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     cmd += extra
     return cmd
-
-
-_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
-
-
-def chat_template_text(model_dir) -> str:
-    """The chat template(s) a model directory ships (``chat_template.jinja``, or ``tokenizer_config.json``'s
-    ``chat_template``, a string or a list of named templates), joined; "" when it has none."""
-    import json
-    from pathlib import Path
-
-    d = Path(model_dir)
-    texts = [f.read_text(encoding="utf-8", errors="replace") for f in sorted(d.glob("chat_template*.jinja"))]
-    try:
-        cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cfg = {}
-    tpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
-    if isinstance(tpl, str):
-        texts.append(tpl)
-    elif isinstance(tpl, list):
-        texts += [t.get("template", "") for t in tpl if isinstance(t, dict) and isinstance(t.get("template"), str)]
-    return "\n".join(texts)
-
-
-def renders_hermes_tools(model_dir) -> bool:
-    """The model's chat template renders tools in the Hermes form (Qwen2.5, Hermes 2 Pro, kubetune's chatml):
-    it reads ``tools`` and writes ``<tool_call>`` blocks, which vLLM's ``hermes`` tool-call parser reads back."""
-    text = chat_template_text(model_dir)
-    return "tools" in text and "<tool_call>" in text
 
 
 def _merged_beside(adapter_path: str) -> str | None:

@@ -2,7 +2,7 @@
 
 - Core kinds (Job, Service, ConfigMap, PersistentVolumeClaim, Pod): ``kubernetes-validate`` in strict mode
   (unknown fields are errors) against the oldest Kubernetes we support and the newest it ships.
-- Custom resources (PyTorchJob, TrainJob, Kaito's Workspace): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
+- Custom resources (PyTorchJob, TrainJob, Kaito's Workspace, KServe's InferenceService): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
   ``jsonschema``, plus an unknown-field walk (a structural schema prunes unknown fields silently; we want to
   hear about them), plus the CEL rules the plain schema cannot express, plus each embedded pod template
   checked again as a core Pod.
@@ -29,6 +29,14 @@ CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow-training-operator-v1.9/kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "kubeflow-trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
     ("kaito.sh/v1beta1", "Workspace"): "kaito/kaito.sh_workspaces.yaml",
+    ("serving.kserve.io/v1beta1", "InferenceService"): "kserve-v0.20.0/serving.kserve.io_inferenceservices.yaml",
+}
+# Fields of a KServe predictor that are KServe's own (ComponentExtensionSpec, framework specs), not the inline PodSpec's.
+KSERVE_COMPONENT_FIELDS = {
+    "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "scaleMetricType", "autoScaling", "containerConcurrency",
+    "timeout", "canaryTrafficPercent", "logger", "batcher", "labels", "annotations", "deploymentStrategy",
+    "storageUris", "storageContainerName", "workerSpec", "model", "huggingface", "sklearn", "xgboost", "tensorflow",
+    "pytorch", "triton", "onnx", "pmml", "lightgbm", "paddle",
 }
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -74,6 +82,13 @@ def validate(obj: dict) -> None:
                     problems.append(f"{where}: the training operator needs a container named 'pytorch'")
         if kind == "TrainJob":
             problems += _trainjob_cel(obj)
+        if kind == "InferenceService":
+            predictor = obj["spec"]["predictor"]
+            pod = {k: v for k, v in predictor.items() if k not in KSERVE_COMPONENT_FIELDS}
+            problems += _pod_rules(pod, "spec.predictor")
+            problems += [f"predictor pod: {p}" for p in _core(_as_pod({"metadata": {"labels": predictor.get("labels", {})}, "spec": pod}))]
+            if [c["name"] for c in pod.get("containers", [])][:1] != ["kserve-container"]:
+                problems.append("spec.predictor.containers: KServe routes to the container named 'kserve-container'")
     else:
         problems.append(f"no validator for {obj.get('apiVersion')}/{kind}")
     if problems:
