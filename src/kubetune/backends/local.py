@@ -222,7 +222,13 @@ class LocalBackend:
             time.sleep(0.1)
         if self._group_alive(pid):
             _kill_group(pid, signal.SIGKILL)
-            time.sleep(0.2)
+            # A killed process still takes a moment to go (a large one's memory is torn down first, longer on a busy
+            # machine); until it has, it holds the run directory's lock. Return once it is gone, so that a cancel
+            # followed by a rerun of the same spec finds the directory free.
+            deadline = time.monotonic() + 30
+            while self._group_alive(pid) and time.monotonic() < deadline:
+                self._reap(pid)
+                time.sleep(0.05)
         self._reap(pid)
 
     def list(self) -> list[JobRef]:
