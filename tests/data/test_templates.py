@@ -149,3 +149,27 @@ def test_prefix_inconsistent_template_is_warned_about_at_choice(tokenizer):
     lines = []
     resolve_template(tokenizer, None, log=lines.append)
     assert any("renders a conversation prefix differently" in ln for ln in lines)
+
+
+# --- model families whose own template lacks generation markers: TRL's training version locates the answers ----
+@pytest.mark.parametrize(
+    "family,want",
+    [
+        ("qwen2_5", WANT),  # a default system prompt: not the registry's chatml; markers give exact answer spans
+        # Qwen3 drops earlier turns' reasoning (prefix-inconsistent as shipped); TRL's training version keeps every
+        # turn as rendered and marks the empty think block as part of each answer, which the model emits itself.
+        ("qwen3", [["<think>\n\n</think>\n\nTokyo.<|im_end|>"], ["<think>\n\n</think>\n\nb.<|im_end|>", "<think>\n\n</think>\n\nd.<|im_end|>"]]),
+    ],
+)
+def test_a_known_model_family_template_uses_trls_training_version(tokenizer, tmp_path, prepare, family, want):
+    from trl import chat_template_utils as trl_templates
+
+    tokenizer.chat_template = getattr(trl_templates, f"{family}_chat_template")  # the template as the model ships it
+    lines = []
+    tpl = resolve_template(tokenizer, None, log=lines.append)
+    assert isinstance(tpl, JinjaTemplate) and "TRL's training version" in lines[-1], lines
+    prep = prepare(write_rows(tmp_path / "rows.jsonl", ROWS))
+    for row, expected in zip(prep.train, want):
+        assert trained_runs(tokenizer, row["input_ids"], row["labels"]) == expected
+    assert not prep.stats.get("prefix_inconsistent_rows") and not prep.stats["warnings"], prep.stats["warnings"]
+    assert tokenizer.chat_template == getattr(trl_templates, f"{family}_chat_template")  # what is saved stays the model's own

@@ -23,18 +23,21 @@ class JinjaTemplate:
     answers located by content instead.
     """
 
-    def __init__(self, tokenizer: Any, eot: str | None, *, name: str = "tokenizer") -> None:
+    def __init__(self, tokenizer: Any, eot: str | None, *, name: str = "tokenizer", source: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.name = name
         self.eot = eot  # None: the template never closes an answer with a special token
         self.insert_eos = eot is None
-        self._source = _template_source(tokenizer)
+        # source: a training version of the tokenizer's template (TRL's, with generation markers) to render with
+        self._override = source
+        self._source = source or _template_source(tokenizer)
         self._markers = bool(re.search(r"\{%-?\s*generation\s*-?%\}", self._source or ""))
 
     def _apply(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         try:
             return self.tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {})
+                msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {}),
+                **({"chat_template": self._override} if self._override else {}),
             )
         except Exception as e:  # jinja raise_exception, missing keys: the row cannot be rendered
             raise TemplateRowError(f"the tokenizer's chat template cannot render this conversation: {e}") from None
@@ -63,6 +66,10 @@ class JinjaTemplate:
                 continue
             if marked is not None:
                 start = marked.pop(0)[0] if marked else len(text)
+                body = content.strip()
+                found = text.find(body, start) if body else -1
+                if found > start and not text[start:found].strip():  # a marker before the line break that opens the answer
+                    start = found
             else:
                 prefix = self._apply(msgs[:i], True, tools) if i else ""
                 if text.startswith(prefix):
@@ -330,20 +337,36 @@ def resolve_template(tokenizer: Any, name: str | None, *, log: Callable[[str], N
             # templates that agree on plain conversations.
             return replace(template, own=JinjaTemplate(tokenizer, _find_eot(tokenizer) or template.eot))
     eot = _find_eot(tokenizer)
-    jt = JinjaTemplate(tokenizer, eot)
+    training = _trl_training_template(tokenizer)
+    jt = JinjaTemplate(tokenizer, eot, source=training)
     if eot is None:
         log(
             "warning: the tokenizer's chat template ends answers without an end-of-turn token; "
             f"kubetune appends EOS ({tokenizer.eos_token!r}) to every trained answer so the model learns to stop"
         )
     else:
-        log(f"chat template: the tokenizer's own (answers end with {eot})")
+        log(f"chat template: the tokenizer's own (answers end with {eot})" + ("; answers located with TRL's training version of it" if training else ""))
     if not _prefix_consistent(jt):
         log(
             "warning: the tokenizer's chat template renders a conversation prefix differently from the whole "
             "conversation; answer spans are located by content for such rows (check `kubetune data inspect`)"
         )
     return jt
+
+
+def _trl_training_template(tokenizer: Any) -> str | None:
+    """TRL's training version of the tokenizer's own template, for the model families TRL knows (Qwen, Llama 3,
+    Gemma, Phi, DeepSeek, ...): the same text with ``{% generation %}`` markers around each answer, and earlier
+    turns rendered as they were (prefix-preserving), so answers are located exactly. None when the template
+    already has what training needs, or TRL does not know it (kubetune then locates answers by prefixes)."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        return None
+    try:
+        return get_training_chat_template(tokenizer) or None
+    except Exception:  # ValueError: a template TRL cannot patch; anything else: a template its checks cannot render
+        return None
 
 
 def _prefix_consistent(jt: JinjaTemplate) -> bool:
