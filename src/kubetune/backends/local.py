@@ -1,6 +1,6 @@
 """The local backend: runs the worker in a child process (torchrun when more than one process).
 
-Each submission gets an id and a registry entry under ``$KUBETUNE_HOME/jobs``; the child runs in its own
+Each submission gets an id and a registry entry in the state directory (``paths.jobs_dir()``: ``~/.local/state/kubetune/jobs``, or ``$KUBETUNE_HOME/jobs``); the child runs in its own
 process group so that cancel ends it and everything it started. A worker that dies without recording a
 final state (killed, out of memory) is reported as failed by :meth:`LocalBackend.status`.
 

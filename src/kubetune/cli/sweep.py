@@ -153,7 +153,7 @@ def status(
         typer.echo(tmp.read_text(encoding="utf-8"), nl=False)
         tmp.unlink()
     else:
-        _console().print(_table(sweep, wide=output == "wide"))
+        _console(wide=output == "wide").print(_table(sweep, wide=output == "wide"))
     for path in written:
         typer.echo(f"wrote {path}", err=True)
 
@@ -259,7 +259,7 @@ def _status_on_server(sweep_id: str, server: str, output: str) -> None:
             w.writerow([rank, t["id"], t["name"], *(t["values"].get(k, "") for k in params), t["status"], "" if t["objective"] is None else t["objective"]])
         typer.echo(buf.getvalue(), nl=False)
     else:
-        _console().print(_server_table(sw, wide=output == "wide"))
+        _console(wide=output == "wide").print(_server_table(sw, wide=output == "wide"))
 
 
 def _ranked(sw: dict) -> list[dict]:
@@ -297,11 +297,12 @@ def _values(values: dict) -> str:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def _console():
+def _console(wide: bool = False):
     from rich.console import Console
 
-    # Piped output (logs, CI) gets room for whole trial names instead of rich's 80 columns.
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+    # Piped output (logs, CI) gets room for whole trial names instead of rich's 80 columns; -o wide piped: every
+    # value whole however long (run directories), one trial a line.
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else (100_000 if wide else 240))
 
 
 def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir):

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import SpecError
-from ..paths import home
+from ..paths import state_path
 
 __all__ = ["ServerConfig", "load_config", "is_loopback"]
 
@@ -33,7 +33,7 @@ class ServerConfig(BaseModel):
         "goes in method_defaults or the job's spec.",
     )
     db: str | None = Field(None, description="SQLAlchemy URL: sqlite:///PATH or postgresql://... (default: SQLite under the kubetune home).")
-    data_dir: Path | None = Field(None, description="Uploaded files and jobs' run directories (default: $KUBETUNE_HOME/server).")
+    data_dir: Path | None = Field(None, description="Uploaded files and jobs' run directories (default: the state directory's server/: ~/.local/state/kubetune/server, or $KUBETUNE_HOME/server).")
     models: dict[str, str] = Field(
         default_factory=lambda: {"tiny-chat": "builtin://tiny-chat"},
         description="Model names clients send -> model sources (any kubetune model URI).",
@@ -54,7 +54,7 @@ class ServerConfig(BaseModel):
 
     def data_path(self) -> Path:
         """The data directory, created."""
-        p = Path(self.data_dir).expanduser() if self.data_dir else home() / "server"
+        p = Path(self.data_dir).expanduser() if self.data_dir else state_path("server")
         p.mkdir(parents=True, exist_ok=True)
         return p
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from ..errors import SpecError
-from ..paths import home
+from ..paths import state_path
 from .models import ApiKey, Checkpoint, File, Job, JobEvent, Project, Sweep
 
 __all__ = ["Store", "default_url", "migrate", "new_id", "KEY_PREFIX"]
@@ -33,9 +33,8 @@ DEFAULT_PROJECT = "default"
 
 
 def default_url() -> str:
-    """SQLite under the kubetune home: ``$KUBETUNE_HOME/server/kubetune.db``."""
-    d = home() / "server"
-    d.mkdir(parents=True, exist_ok=True)
+    """SQLite in the state directory: ``~/.local/state/kubetune/server/kubetune.db`` (``$KUBETUNE_HOME/server`` when set)."""
+    d = state_path("server")
     return f"sqlite:///{d / 'kubetune.db'}"
 
 
@@ -164,7 +163,7 @@ class Store:
         if getattr(self, "_lead_fd", None) is not None:
             return True
         path = self.url.split(":///", 1)[1] if ":///" in self.url else ""
-        lock = Path((path or str(home() / "server" / "memory")) + ".runner.lock")
+        lock = Path((path or str(state_path("server") / "memory")) + ".runner.lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

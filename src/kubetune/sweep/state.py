@@ -169,11 +169,9 @@ def sweep_lock(directory: Path) -> Iterator[bool]:
 
 
 def _registry() -> Path:
-    from ..paths import home
+    from ..paths import state_path
 
-    p = home() / C.SWEEP_REGISTRY_DIR
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return state_path(C.SWEEP_REGISTRY_DIR)
 
 
 def register(sweep: Sweep) -> None:

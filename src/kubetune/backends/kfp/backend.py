@@ -24,7 +24,7 @@ from typing import Iterator
 from ... import constants as C
 from ...errors import BackendError, JobNotFound, KubetuneError
 from ...events import EventType, JobStatus, RunDir, disk_error_reason, make_event
-from ...paths import home
+from ...paths import state_path
 from ...spec import TuneJob, dump_spec, load_spec
 from ...worker import FINISHED_RUN_HINT, finished_run_message, previous_run
 from ..base import JobRef
@@ -374,9 +374,7 @@ def _start_run_dir(run: RunDir, job: TuneJob, job_id: str, **extra: object) -> N
 
 
 def _jobs_dir() -> Path:
-    p = home() / C.KFP_JOBS_DIR
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return state_path(C.KFP_JOBS_DIR)
 
 
 def _register(job_id: str, name: str, run_dir: Path, **fields: object) -> None:
