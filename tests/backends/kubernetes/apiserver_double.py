@@ -7,6 +7,9 @@ kubeconfig) at this small threaded HTTP server on 127.0.0.1. It speaks only the 
     /apis/batch/v1/namespaces/{ns}/jobs[/{name}]
     /apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]
     /apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs[/{name}]
+    /api/v1/namespaces[/{name}] (get and create), /api/v1/namespaces/{ns}/{serviceaccounts|secrets}[/{name}]
+    /apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/{roles|rolebindings}[/{name}]
+    /apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/localqueues[/{name}]
 
 with create (POST), get and list (GET, equality label selectors), merge-patch (PATCH) and delete (DELETE,
 with owner-reference garbage collection), bearer-token auth, and the API server's error shapes: 401, 403
@@ -43,8 +46,15 @@ KNOWN = {
     ("batch/v1", "jobs"): "Job",
     ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
     ("trainer.kubeflow.org/v1alpha1", "trainjobs"): "TrainJob",
+    # what `kubetune cluster init` creates
+    (CORE, "serviceaccounts"): "ServiceAccount",
+    (CORE, "secrets"): "Secret",
+    ("rbac.authorization.k8s.io/v1", "roles"): "Role",
+    ("rbac.authorization.k8s.io/v1", "rolebindings"): "RoleBinding",
+    ("kueue.x-k8s.io/v1beta1", "localqueues"): "LocalQueue",
 }
-CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1")
+CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1", "kueue.x-k8s.io/v1beta1")
+_NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 _PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<sub>/log|/exec)?)?$")
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -142,6 +152,9 @@ class ApiServerDouble:
         self.requests.append((method, path + (("?" + "&".join(f"{k}={v[0]}" for k, v in query.items())) if query else "")))
         if headers.get("Authorization") != f"Bearer {self.token}":
             return _status(401, "Unauthorized", "Unauthorized")
+        nsm = _NAMESPACES.match(path)
+        if nsm:
+            return self._namespace(method, nsm.group("name"), body)
         m = _PATH.match(path)
         if not m:
             return 404, "text/plain", b"404 page not found\n"
@@ -191,6 +204,30 @@ class ApiServerDouble:
                 return _status(200, "", "", status="Success", details={"name": name, "kind": plural})
         return _status(405, "MethodNotAllowed", method)
 
+    def _namespace(self, method: str, name: str | None, body: bytes):
+        """Namespaces are cluster-scoped: get one, or create one (POST to the collection)."""
+        verb = "create" if method == "POST" else ("get" if name else "list")
+        self.calls.add((verb, "", "namespaces"))
+        if (verb, "namespaces") in self.forbidden:
+            return _status(403, "Forbidden", f'namespaces is forbidden: User "tester" cannot {verb} resource "namespaces" in API group "" at the cluster scope')
+        with self.lock:
+            if method == "GET" and name:
+                if name not in self.namespaces:
+                    return _not_found("namespaces", name)
+                doc = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}
+                return 200, "application/json", json.dumps(doc).encode()
+            if method == "POST" and not name:
+                obj = json.loads(body or b"{}")
+                new = obj.get("metadata", {}).get("name")
+                if not new:
+                    return _status(422, "Invalid", "Namespace is invalid: metadata.name: Required value")
+                if new in self.namespaces:
+                    return _status(409, "AlreadyExists", f'namespaces "{new}" already exists', details={"name": new, "kind": "namespaces"})
+                self.namespaces.add(new)
+                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=self._timestamp())
+                return 201, "application/json", json.dumps({**obj, "apiVersion": "v1", "kind": "Namespace"}).encode()
+        return _status(405, "MethodNotAllowed", method)
+
     def _create(self, gv: str, plural: str, ns: str, obj: dict):
         name = obj.get("metadata", {}).get("name")
         if not name:
@@ -200,6 +237,9 @@ class ApiServerDouble:
             return _status(409, "AlreadyExists", f'{plural}{"." + group if group else ""} "{name}" already exists', details={"name": name, "kind": plural})
         obj = copy.deepcopy(obj)
         obj["apiVersion"], obj["kind"] = gv, KNOWN[(gv, plural)]
+        if plural == "secrets" and "stringData" in obj:  # what the API server stores: base64 data
+            data = obj.setdefault("data", {})
+            data.update({k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()})
         if plural == "pods" and self.start_pods:
             obj["status"] = {"phase": "Running", "containerStatuses": [
                 {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}

@@ -1,8 +1,8 @@
 """Validate rendered objects the way a cluster would, without a cluster.
 
-- Core kinds (Job, Service, ConfigMap, PersistentVolumeClaim, Pod): ``kubernetes-validate`` in strict mode
+- Core kinds (Job, Service, ConfigMap, PersistentVolumeClaim, Pod, Secret, Namespace, ServiceAccount, Role, RoleBinding): ``kubernetes-validate`` in strict mode
   (unknown fields are errors) against the oldest Kubernetes we support and the newest it ships.
-- Custom resources (PyTorchJob, TrainJob, Kaito's Workspace, KServe's InferenceService): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
+- Custom resources (PyTorchJob, TrainJob, Kaito's Workspace, KServe's InferenceService, Kueue's LocalQueue): the CRD's ``openAPIV3Schema`` from ``../shared/schemas`` with
   ``jsonschema``, plus an unknown-field walk (a structural schema prunes unknown fields silently; we want to
   hear about them), plus the CEL rules the plain schema cannot express, plus each embedded pod template
   checked again as a core Pod.
@@ -24,12 +24,13 @@ SHARED_SCHEMAS = (Path(__file__).resolve().parents[3] / ".." / "shared" / "schem
 VENDORED_SCHEMAS = Path(__file__).resolve().parent / "crds"  # unchanged copies, for machines without shared/
 SCHEMAS = SHARED_SCHEMAS if SHARED_SCHEMAS.is_dir() else VENDORED_SCHEMAS
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
-CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Secret"}
+CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Secret", "Namespace", "ServiceAccount", "Role", "RoleBinding"}
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow-training-operator-v1.9/kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "kubeflow-trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
     ("kaito.sh/v1beta1", "Workspace"): "kaito/kaito.sh_workspaces.yaml",
     ("serving.kserve.io/v1beta1", "InferenceService"): "kserve-v0.20.0/serving.kserve.io_inferenceservices.yaml",
+    ("kueue.x-k8s.io/v1beta1", "LocalQueue"): "kueue-v0.19.2/kueue.x-k8s.io_localqueues.yaml",
 }
 # Fields of a KServe predictor that are KServe's own (ComponentExtensionSpec, framework specs), not the inline PodSpec's.
 KSERVE_COMPONENT_FIELDS = {

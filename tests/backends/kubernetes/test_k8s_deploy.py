@@ -12,6 +12,7 @@ import yaml
 from kubetune import constants as C
 from kubetune.backends import get_backend
 from kubetune.backends.kubernetes import render
+from kubetune.backends.kubernetes.cluster import RBAC_RULES
 from kubetune.spec import load_spec
 
 from . import specs
@@ -54,14 +55,18 @@ def test_rbac_grants_every_call_the_backend_makes(tmp_path):
     finally:
         double.stop()
     granted = set()
-    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "Role")
-    for rule in role["rules"]:
+    for rule in RBAC_RULES:  # what `kubetune cluster init` grants; deploy/rbac.yaml holds the same (next test)
         for group in rule["apiGroups"]:
             for res in rule["resources"]:
                 for verb in rule["verbs"]:
                     granted.add((verb, group, res))
     missing = sorted(used - granted)
-    assert not missing, f"deploy/rbac.yaml lacks {missing}"
+    assert not missing, f"RBAC_RULES (and deploy/rbac.yaml) lack {missing}"
+
+
+def test_rbac_yaml_is_the_rules_cluster_init_grants():
+    role = next(d for d in _docs("rbac.yaml") if d["kind"] == "Role")
+    assert role["rules"] == RBAC_RULES, "deploy/rbac.yaml and kubetune.backends.kubernetes.cluster.RBAC_RULES differ: change both"
 
 
 def test_sample_job_spec_renders_for_every_flavour():
