@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import BackendError, JobNotFound, SpecError
+from ...errors import BackendError, SpecError
 from .api import Cluster, api_call
 
 __all__ = ["RBAC_RULES", "SecretSource", "Plan", "plan", "parse_secret", "apply", "KUEUE_API_VERSION"]
@@ -256,7 +256,9 @@ def _ensure(cluster: Cluster, namespace: str, obj: dict) -> str:
         if kind == "Namespace":  # a namespace admin who may not read namespaces: the namespaced calls tell if it is missing
             return "not checked (you may not read namespaces; assumed to exist)"
         raise
-    except JobNotFound as e:
+    except BackendError as e:
+        if getattr(e.__cause__, "status", None) != 404:
+            raise
         if kind == "LocalQueue" and not _is_status(e.__cause__):
             raise BackendError(
                 f"the cluster has no LocalQueue kind ({KUEUE_API_VERSION}): Kueue is not installed",
