@@ -171,3 +171,17 @@ def test_apply_as_a_namespace_admin_who_may_not_read_namespaces(double, tmp_path
     lines = _lines(r.stdout)
     assert lines["namespace/default"].startswith("not checked")
     assert lines["serviceaccount/kubetune"] == lines["role/kubetune"] == lines["rolebinding/kubetune-kubetune"] == "created"
+
+
+def test_docs_render_excerpt_is_what_the_command_prints():
+    text = (REPO / "docs" / "cluster-setup.md").read_text(encoding="utf-8")
+    section = text[text.index("## The render"):]
+    shown = list(yaml.safe_load_all(section[section.index("```yaml\n") + 8 : section.index("```", section.index("```yaml\n") + 8)]))
+    r = _kubetune("cluster", "init", "--namespace", "ml-team", "--queue", "gpu-cluster-queue", "--render")
+    assert r.returncode == 0, r.stderr
+    printed = {o["kind"]: o for o in yaml.safe_load_all(r.stdout)}
+    assert shown and all(printed[o["kind"]] == o for o in shown)
+    hints = text[text.index("# Secrets are not rendered"):].split("```")[0]
+    r = _kubetune("cluster", "init", "--namespace", "ml-team", "--secret", "hf-token=HF_TOKEN",
+                  "--secret", "s3-credentials=AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY", "--render")
+    assert hints.strip() in r.stderr
