@@ -63,6 +63,8 @@ def init(
                 typer.echo(s.kubectl_hint(namespace), err=True)
         typer.echo("# job specs then use:\n" + _indent(p.spec_hint()), err=True)
         return
+    if output != "yaml":
+        raise SpecError("-o/--output applies to --render", hint="add --render to print the objects, or drop -o")
     from ..backends.kubernetes.api import connect
     from ..backends.kubernetes.cluster import apply
 

@@ -80,6 +80,8 @@ def test_render_rejects_a_bad_option_with_one_message():
     assert r.returncode == 2 and "is not NAME=ENVVAR" in r.stderr and "Traceback" not in r.stderr
     r = _kubetune("cluster", "init", "-n", "ML_Team", "--render")
     assert r.returncode == 2 and "not a valid namespace" in r.stderr
+    r = _kubetune("cluster", "init", "-n", "ml-team", "-o", "json")
+    assert r.returncode == 2 and "applies to --render" in r.stderr
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 from ...errors import BackendError, SpecError
 from .api import Cluster, api_call
 
-__all__ = ["RBAC_RULES", "SecretSource", "Plan", "plan", "parse_secret", "apply", "KUEUE_API_VERSION"]
+__all__ = ["RBAC_RULES", "SecretSource", "Plan", "plan", "parse_secret", "renderable", "apply", "KUEUE_API_VERSION"]
 
 # What kubetune run/status/logs/cancel/list/download call with --backend kubernetes, for every flavour.
 # deploy/rbac.yaml holds the same rules (tests/backends/kubernetes/test_k8s_deploy.py checks both against the calls).
