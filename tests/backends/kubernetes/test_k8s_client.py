@@ -379,6 +379,22 @@ def test_cli_namespace_and_context_reach_every_verb(double, tmp_path):
     assert local.returncode == 2 and "-n/--namespace applies to --backend kubernetes" in local.stderr
 
 
+def test_a_job_seen_ending_reports_its_last_events_despite_the_cache(double, kubeconfig):
+    """A follower polls status then events; when it sees the end it stops. Events cached while the job ran must not
+    be what it gets then, or the worker's last lines (final metrics, the end) are lost for good."""
+    backend = get_backend("kubernetes", kubeconfig=kubeconfig, cache_seconds=300)
+    ref = backend.submit(_job("cpu"))
+    job = double.get(*JOBS, "default", "tune-demo")
+    assert backend.status(ref).state == C.STATE_PENDING and backend.events(ref) == []  # cached: no pod yet
+    log = _worker_log(make_event("state", "running", state="running"), make_event("metrics", "done", step=5, total_steps=5, train_loss=0.5),
+                      make_event("state", "succeeded", state="succeeded"))
+    _running_pod(double, job, logs=log, phase="Succeeded", main_state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+    double.set_status(*JOBS, "default", "tune-demo", {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+    st = backend.status(ref)
+    assert st.state == C.STATE_SUCCEEDED and st.step == 5
+    assert [e["type"] for e in backend.events(ref)] == ["state", "metrics", "state"]
+
+
 # --- results back --------------------------------------------------------------------------------
 def _pvc_outputs(tmp_path) -> tuple[Path, bytes]:
     """What the finished job left in /workspace/output on its PVC, as the copy pod's tar | base64 prints it."""

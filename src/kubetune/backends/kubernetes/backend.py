@@ -71,7 +71,7 @@ class KubernetesBackend:
         self._cache_seconds = cache_seconds
         self._cluster: A.Cluster | None = None
         self._cancelled: set[tuple[str, str]] = set()
-        self._events_cache: dict[tuple[str, str], tuple[float, list[dict], list[dict]]] = {}
+        self._events_cache: dict[tuple[str, str], tuple[float, list[dict], list[dict], bool]] = {}
 
     # --- the protocol ------------------------------------------------------------------------
     def submit(self, job: TuneJob) -> JobRef:
@@ -133,7 +133,9 @@ class KubernetesBackend:
                 return JobStatus(state=C.STATE_CANCELLED, reason="cancelled", job_id=ref.id, name=ref.name, backend=self.name)
             raise self._not_found(ref.id, ns) from None
         state, reason = workload_state(obj, flavor)
-        events, pods = self._events_and_pods(ref)
+        # An ended workload's events are read once more after it ended: a cached read from while it ran would miss
+        # the worker's last lines for good (a follower that sees the end stops reading).
+        events, pods = self._events_and_pods(ref, final=state in C.TERMINAL_STATES)
         if state == C.STATE_RUNNING and pods and not any((p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed") for p in pods):
             state = C.STATE_PENDING  # "active" counts pods that are still waiting for a node or an image
         st = status_from_events(events)
@@ -373,10 +375,12 @@ class KubernetesBackend:
     def _tail(self, pod: str, container: str, ns: str) -> list[str]:
         return self._read_log(pod, container, ns, tail=50).splitlines()
 
-    def _events_and_pods(self, ref: JobRef) -> tuple[list[dict], list[dict]]:
+    def _events_and_pods(self, ref: JobRef, final: bool = False) -> tuple[list[dict], list[dict]]:
+        """The worker's events and the job's pods, cached for a moment; ``final``: the workload has ended, so a
+        cached read taken before it ended does not count."""
         key = (ref.extra["namespace"], ref.id)
         cached = self._events_cache.get(key)
-        if cached and time.monotonic() - cached[0] < self._cache_seconds:
+        if cached and time.monotonic() - cached[0] < self._cache_seconds and (cached[3] or not final):
             return cached[1], cached[2]
         pods = self._pods(ref)
         pod = rank0_pod(pods)
@@ -384,7 +388,7 @@ class KubernetesBackend:
         if pod is not None and _started(pod, C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]):
             text = self._read_log(pod["metadata"]["name"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]], ref.extra["namespace"])
             events = [ev for ev in map(parse_event_line, text.splitlines()) if ev is not None]
-        self._events_cache[key] = (time.monotonic(), events, pods)
+        self._events_cache[key] = (time.monotonic(), events, pods, final)
         return events, pods
 
     def _all_logs(self, ref: JobRef) -> list[str]:
