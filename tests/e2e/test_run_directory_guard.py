@@ -134,6 +134,28 @@ def test_a_worker_started_by_hand_on_a_busy_run_dir_exits_2_naming_the_holder(ti
     assert client.wait(again, timeout=300).state == C.STATE_SUCCEEDED
 
 
+def test_cancel_stops_the_worker_even_when_a_racing_status_write_dropped_its_pid(tiny_job, tmp_path):
+    """The submitter writes the worker's pid into status.json while the starting worker may be rewriting the same
+    file; if the worker's write wins, the pid is gone from status.json. Cancel must still stop the worker (and so
+    free the run directory), from the pid the reference carries or the worker's own."""
+    import json
+
+    spec = tiny_job(training={"max_steps": 5000, "save_steps": 1000})
+    client = Client()
+    ref = client.submit(spec)
+    deadline = time.time() + 120
+    while client.status(ref).state != C.STATE_RUNNING and time.time() < deadline:
+        time.sleep(0.2)
+    status_file = Path(ref.run_dir) / C.STATUS_FILE
+    data = json.loads(status_file.read_text())
+    data.pop("pid", None)
+    status_file.write_text(json.dumps(data))
+    client.cancel(ref.id)  # as `kubetune cancel ID` does: the reference is looked up again
+    assert client.status(ref).state == C.STATE_CANCELLED
+    again = client.submit({**spec, "training": {**spec["training"], "max_steps": 2, "save_steps": 2}})
+    assert client.wait(again, timeout=300).state == C.STATE_SUCCEEDED
+
+
 @pytest.mark.parametrize("where", ["under_a_file", "proc"])
 def test_an_unwritable_output_dir_is_one_clear_error(tiny_job, tmp_path, kubetune_cli, where):
     if where == "under_a_file":

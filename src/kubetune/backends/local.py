@@ -185,7 +185,9 @@ class LocalBackend:
         st = run.read_status()
         if st is None or st.terminal or is_earlier(ref.id, st):  # an earlier job in the directory has ended
             return
-        pid = st.pid
+        # The process this backend started: status.json's pid, else the one the reference carries, else the worker's
+        # own (a worker's status write that raced the submitter's can have dropped the pid from status.json).
+        pid = st.pid or (ref.extra or {}).get("pid") or (st.extra or {}).get("worker_pid")
         if pid:
             request_cancel(run.path, pid)  # a user's cancel, not a preemption: the worker leaves at once
             self._stop_group(pid, 10)
@@ -205,8 +207,9 @@ class LocalBackend:
             return self.status(ref)  # an earlier job in the directory has ended
         if st is None or st.terminal:
             return st
-        if st.pid:
-            self._stop_group(st.pid, timeout)
+        pid = st.pid or (ref.extra or {}).get("pid") or (st.extra or {}).get("worker_pid")
+        if pid:
+            self._stop_group(pid, timeout)
         st = run.read_status()
         if st is None or not st.terminal:
             run.set_state(C.STATE_PREEMPTED, reason=f"stopped by SIGTERM; the worker did not save a checkpoint within {timeout:.0f} s and was killed")
@@ -245,7 +248,7 @@ class LocalBackend:
         entry = jobs_dir() / f"{key}.json"
         if entry.is_file():
             d = json.loads(entry.read_text(encoding="utf-8"))
-            return JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d["run_dir"])
+            return JobRef(id=d["id"], backend=self.name, name=d.get("name", ""), run_dir=d["run_dir"], **({"extra": {"pid": d["pid"]}} if d.get("pid") else {}))
         for ref in self.list():
             if ref.name == key:
                 return ref
