@@ -228,6 +228,22 @@ def print_data(data, fmt: str) -> None:
         echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n"))
 
 
+def cluster_options(server: str | None, backend: str, namespace: str | None, context: str | None) -> dict:
+    """kubectl's ``-n``/``--context`` as backend options: ``{"namespace": ..., "context": ...}`` (the ones given).
+
+    Raises:
+        SpecError: given without ``--backend kubernetes`` (or with ``--server``), where they would be ignored.
+    """
+    from ..errors import SpecError
+
+    options = {k: v for k, v in (("namespace", namespace), ("context", context)) if v}
+    if options and (server or backend != "kubernetes"):
+        flag = "-n/--namespace" if namespace else "--context"
+        raise SpecError(f"{flag} applies to --backend kubernetes, not to " + ("--server" if server else backend),
+                        hint="add --backend kubernetes, or drop the option")
+    return options
+
+
 def check_output_format(fmt: str, allowed: tuple[str, ...]) -> str:
     """``fmt`` (an ``-o`` value) in lower case, or one error naming the formats ``allowed``."""
     fmt = fmt.lower()

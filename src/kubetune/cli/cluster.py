@@ -50,12 +50,12 @@ def init(
     from ..backends.kubernetes.cluster import parse_secret, plan, renderable
     from ..backends.kubernetes.render import render_text
     from ..errors import SpecError
+    from ._output import check_output_format
 
     sources = [parse_secret(s) for s in secret] + [parse_secret(s, from_files=True) for s in secret_file]
     p = plan(namespace, service_account=service_account, cluster_queue=queue, queue=queue_name, secrets=sources)
     if render:
-        if output not in ("yaml", "json"):
-            raise SpecError(f"unknown output format '{output}'; use yaml or json")
+        check_output_format(output, ("yaml", "json"))
         typer.echo(render_text(renderable(p), output), nl=False)
         if sources:  # stderr: stdout stays the objects alone, ready for kubectl apply -f -
             typer.echo("# Secrets are not rendered (their values never are); create them with:", err=True)

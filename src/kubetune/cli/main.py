@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import constants as C
-from ..errors import KubetuneError, SpecError
+from ..errors import KubetuneError
 from ._follow import _Terminated, _follow, _print_success, _stop_as_preempted, _termination_raises
 from ._output import PlainHelpCommand, check_output_format, closed_stdout_ends_quietly, console as _output_console, print_data
 
@@ -58,13 +58,9 @@ def _client(server: Optional[str], backend: str, namespace: Optional[str] = None
     """The Client the options name: a server, else the backend (``-n``/``--context`` reach the kubernetes backend,
     as kubectl's do)."""
     from ..client import Client
+    from ._output import cluster_options
 
-    cluster = {k: v for k, v in (("namespace", namespace), ("context", context)) if v}
-    if cluster and (server or backend != "kubernetes"):
-        flag = "-n/--namespace" if namespace else "--context"
-        raise SpecError(f"{flag} applies to --backend kubernetes" + (", not to --server" if server else f", not to {backend}"),
-                        hint="add --backend kubernetes, or drop the option")
-    return Client(server or backend, **cluster)
+    return Client(server or backend, **cluster_options(server, backend, namespace, context))
 
 
 @app.callback()

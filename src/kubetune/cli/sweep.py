@@ -85,12 +85,10 @@ def run(
 ) -> None:
     """Run a sweep, or continue one: succeeded trials are skipped, interrupted ones resume from checkpoints."""
     from ..sweep.run import run_sweep, sweep_dir_for, sweep_id_for
+    from ._output import cluster_options
 
     job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir)
-    options = {k: v for k, v in (("namespace", namespace), ("context", context)) if v}
-    if options and (server or backend != "kubernetes"):
-        flag = "-n/--namespace" if namespace else "--context"
-        raise SpecError(f"{flag} applies to --backend kubernetes, not to " + ("--server" if server else backend), hint="add --backend kubernetes, or drop the option")
+    options = cluster_options(server, backend, namespace, context)
     if server:
         _run_on_server(job, server, detach=detach, parallel=parallel)
         return

@@ -93,14 +93,7 @@ def pod_spec(
             "env": env_fetch,
             "volumeMounts": [{"name": "models", "mountPath": C.SERVE_MODELS_DIR}],
         }
-        if job.kubernetes.image_pull_policy:
-            c["imagePullPolicy"] = job.kubernetes.image_pull_policy
-        if P.env_from(job):
-            c["envFrom"] = P.env_from(job)
-        sc = P.container_security_context(job)
-        if sc:
-            c["securityContext"] = sc
-        init.append(c)
+        init.append(_with_job_settings(c, job))
 
     mounts = [{"name": "models", "mountPath": C.SERVE_MODELS_DIR}, {"name": "dshm", "mountPath": C.K8S_SHM_DIR}]
     if uses_pvc:
@@ -119,13 +112,7 @@ def pod_spec(
         "readinessProbe": _probe(period=5, failures=3, port=probe_port),
         "livenessProbe": _probe(period=30, failures=3, port=probe_port),
     }
-    if job.kubernetes.image_pull_policy:
-        main["imagePullPolicy"] = job.kubernetes.image_pull_policy
-    if P.env_from(job):
-        main["envFrom"] = P.env_from(job)
-    sc = P.container_security_context(job)
-    if sc:
-        main["securityContext"] = sc
+    _with_job_settings(main, job)
     spec: dict = {}
     if init:
         spec["initContainers"] = init
@@ -198,3 +185,17 @@ def _kubetune_image() -> str:
     from .._version import __version__
 
     return f"{C.K8S_IMAGE_REPO}:{__version__}"
+
+
+def _with_job_settings(container: dict, job) -> dict:
+    """``container`` with the spec's image pull policy, ``envFrom`` and security context, where set."""
+    from ..backends.kubernetes import pod as P
+
+    if job.kubernetes.image_pull_policy:
+        container["imagePullPolicy"] = job.kubernetes.image_pull_policy
+    if P.env_from(job):
+        container["envFrom"] = P.env_from(job)
+    sc = P.container_security_context(job)
+    if sc:
+        container["securityContext"] = sc
+    return container
