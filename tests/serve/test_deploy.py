@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from backends.kubernetes.k8s_validate import validate as validate_crd_object
 from kubetune.errors import SpecError
 from kubetune.serve.deploy import render_serve
 from kubetune.spec import load_spec
@@ -182,13 +183,18 @@ def test_results_a_pod_cannot_reach_are_refused(tmp_path):
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}), api_key_secret="Bad_Name")
 
 
-def test_render_serve_cli_prints_yaml_without_importing_torch(tmp_path):
+@pytest.mark.parametrize(
+    ("options", "kinds"),
+    [(["--set", "resources.accelerators=1"], ["Deployment", "Service"]), (["--flavor", "kserve", "-o", "yaml"], ["InferenceService"])],
+    ids=["deployment", "kserve"],
+)
+def test_render_serve_cli_prints_yaml_without_importing_torch(tmp_path, options, kinds):
     path = spec_file(tmp_path, output={"uri": "s3://results/support-bot"})
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from kubetune.cli import app\n"
-        f"r = CliRunner().invoke(app, ['render-serve', {str(path)!r}, '--adapter', 'legal=s3://a/legal', '--set', 'resources.accelerators=1'])\n"
+        f"r = CliRunner().invoke(app, ['render-serve', {str(path)!r}, '--adapter', 'legal=s3://a/legal', *{options!r}])\n"
         "assert r.exit_code == 0, r.output\n"
         "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'render-serve stays light'\n"
         "print(r.output)\n"
@@ -196,9 +202,14 @@ def test_render_serve_cli_prints_yaml_without_importing_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(r.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
-    validate(docs)
-    assert "legal=/models/adapters/legal" in docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [d["kind"] for d in docs] == kinds
+    if kinds == ["InferenceService"]:
+        validate_crd_object(docs[0])  # the KServe CRD's schema and the inline pod's rules
+        pod = docs[0]["spec"]["predictor"]
+    else:
+        validate(docs)
+        pod = docs[0]["spec"]["template"]["spec"]
+    assert "legal=/models/adapters/legal" in pod["containers"][0]["args"]
 
 
 def test_render_dash_dash_serve_prints_the_same_objects(tmp_path):

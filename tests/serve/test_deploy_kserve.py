@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from backends.kubernetes.k8s_validate import validate as validate_object
@@ -142,25 +141,6 @@ def test_what_cannot_be_served_is_refused_in_both_flavors(tmp_path):
         render_serve(job(tmp_path, output={"uri": "s3://r/x"}, kubernetes={"env": {"PYTHONPATH": "/opt/x"}}), flavor="kserve")
     assert "--flavor deployment" in e.value.hint
     render_serve(job(tmp_path, output={"uri": "s3://r/x"}, kubernetes={"env": {"PYTHONPATH": "/opt/x"}}))  # a Deployment may set it
-
-
-def test_cli_prints_the_inference_service_without_importing_torch(tmp_path):
-    path = spec_file(tmp_path, output={"uri": "s3://results/support-bot"})
-    code = (
-        "import sys\n"
-        "from typer.testing import CliRunner\n"
-        "from kubetune.cli import app\n"
-        f"r = CliRunner().invoke(app, ['render-serve', {str(path)!r}, '--flavor', 'kserve', '-o', 'yaml', '--adapter', 'legal=s3://a/legal'])\n"
-        "assert r.exit_code == 0, r.output\n"
-        "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'render-serve stays light'\n"
-        "print(r.output)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    docs = list(yaml.safe_load_all(r.stdout))
-    assert [d["kind"] for d in docs] == ["InferenceService"]
-    validate_object(docs[0])
-    assert "legal=/models/adapters/legal" in docs[0]["spec"]["predictor"]["containers"][0]["args"]
 
 
 def test_unknown_flavor_is_one_line_and_exit_2(tmp_path):

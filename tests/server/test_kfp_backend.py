@@ -5,23 +5,11 @@ and its model served by the same server. Everything is real: the server in its o
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from .conftest import CAPITALS, Server
+from .conftest import CAPITALS, Server, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def _wait(what, predicate, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_an_openai_job_runs_as_a_local_kfp_pipeline_and_its_model_is_served(tmp_path):
@@ -30,7 +18,7 @@ def test_an_openai_job_runs_as_a_local_kfp_pipeline_and_its_model_is_served(tmp_
         client = server.openai(server.key("alpha"))
         upload = client.files.create(file=CAPITALS.open("rb"), purpose="fine-tune")
         job = client.fine_tuning.jobs.create(model="tiny-chat", training_file=upload.id, suffix="pipeline")
-        finished = _wait("the pipeline to end", lambda: (j := client.fine_tuning.jobs.retrieve(job.id)).status in ("succeeded", "failed", "cancelled") and j)
+        finished = wait_for(client, job.id, ("succeeded", "failed", "cancelled"), timeout=300)
         assert finished.status == "succeeded", (finished.error, server.log.read_text()[-3000:])
         assert finished.fine_tuned_model.startswith("ft:tiny-chat:pipeline:")
         events = client.fine_tuning.jobs.list_events(job.id, limit=100).data

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -12,23 +11,14 @@ import yaml
 from kubetune import constants as C
 
 from . import specs
+from .cli_process import run_kubetune
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 
 
 def _kubetune(*args: str, probe: bool = False) -> subprocess.CompletedProcess:
-    """Run the real CLI entry point in a fresh interpreter; with probe, report heavy modules it imported."""
-    code = (
-        "import sys\n"
-        f"sys.argv = ['kubetune', *{list(args)!r}]\n"
-        "from kubetune.cli import main\n"
-        "try:\n    main()\n"
-        "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-        + ("print('HEAVY', sorted(m for m in ('torch', 'transformers', 'kubernetes') if m in sys.modules), file=sys.stderr)\n" if probe else "")
-        + "sys.exit(code)\n"
-    )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    return run_kubetune(*args, probe=probe)
 
 
 def _write_spec(tmp_path: Path, variant: str = "gpu-pvc") -> Path:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import yaml
 from kubetune.backends.kubernetes.cluster import KUEUE_API_VERSION, RBAC_RULES
 
 from .apiserver_double import ApiServerDouble
+from .cli_process import run_kubetune
 from .k8s_validate import validate_all
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,18 +24,7 @@ AWS_KEY = "wJalrTopSecretKeyValue/K7MDENG+bPxRfiCY"
 
 
 def _kubetune(*args: str, env: dict | None = None, probe: bool = False) -> subprocess.CompletedProcess:
-    """Run the real CLI entry point in a fresh interpreter; with probe, report heavy modules it imported."""
-    code = (
-        "import sys\n"
-        f"sys.argv = ['kubetune', *{list(args)!r}]\n"
-        "from kubetune.cli import main\n"
-        "try:\n    main()\n"
-        "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-        + ("print('HEAVY', sorted(m for m in ('torch', 'transformers', 'kubernetes') if m in sys.modules), file=sys.stderr)\n" if probe else "")
-        + "sys.exit(code)\n"
-    )
-    full_env = {**os.environ, "HF_TOKEN": HF_VALUE, "MY_AWS_ID": AWS_ID, "MY_AWS_KEY": AWS_KEY, **(env or {})}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, env=full_env)
+    return run_kubetune(*args, env={"HF_TOKEN": HF_VALUE, "MY_AWS_ID": AWS_ID, "MY_AWS_KEY": AWS_KEY, **(env or {})}, probe=probe)
 
 
 SECRETS = ("--secret", "hf-token=HF_TOKEN", "--secret", "s3-credentials=AWS_ACCESS_KEY_ID:MY_AWS_ID,AWS_SECRET_ACCESS_KEY:MY_AWS_KEY")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from kubetune.backends.kubernetes import render, render_text
 from kubetune.errors import SpecError
 from kubetune.spec import load_spec
 
+from .cli_process import run_kubetune
 from .k8s_validate import validate_all
 from .specs import merge
 
@@ -304,17 +304,7 @@ def test_golden():
 
 # --- the CLI and the backend -----------------------------------------------------------------------
 def _kubetune(*args: str) -> subprocess.CompletedProcess:
-    code = (
-        "import sys\n"
-        f"sys.argv = ['kubetune', *{list(args)!r}]\n"
-        "from kubetune.cli import main\n"
-        "try:\n    main()\n"
-        "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'peft', 'kubernetes') if m in sys.modules), file=sys.stderr)\n"
-        "sys.exit(code)\n"
-    )
-    env = {**os.environ, "KUBETUNE_HOME": os.environ.get("KUBETUNE_HOME", "/tmp/kth-kaito-tests")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    return run_kubetune(*args, env={"KUBETUNE_HOME": os.environ.get("KUBETUNE_HOME", "/tmp/kth-kaito-tests")}, probe=True)
 
 
 def test_cli_render_is_instant_and_errors_exit_2(tmp_path):
