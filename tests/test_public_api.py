@@ -5,7 +5,7 @@ import kubetune
 
 def test_public_api_is_explicit():
     assert sorted(kubetune.__all__) == sorted(
-        ["Client", "JobRef", "train", "TuneJob", "load_spec", "JobStatus", "JobState", "EventType", "KubetuneError",
+        ["Client", "JobRef", "train", "report", "report_checkpoint", "context", "RunContext", "TuneJob", "load_spec", "JobStatus", "JobState", "EventType", "KubetuneError",
          "SpecError", "DataError", "SourceError", "BackendError", "JobNotFound", "RunDirInUse", "TrainError", "__version__"]
     )
     for name in kubetune.__all__:

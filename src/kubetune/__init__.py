@@ -24,8 +24,10 @@ from .events import EventType, JobStatus
 if TYPE_CHECKING:  # loaded on first use: `kubetune --help` and the errors need no pydantic models
     from .client import Client, JobRef, train
     from .spec import TuneJob, load_spec
+    from .training.custom import RunContext, context, report, report_checkpoint
 
-_LAZY = {"Client": "client", "JobRef": "client", "train": "client", "TuneJob": "spec", "load_spec": "spec"}
+_LAZY = {"Client": "client", "JobRef": "client", "train": "client", "TuneJob": "spec", "load_spec": "spec",
+         "report": "training.custom", "report_checkpoint": "training.custom", "context": "training.custom", "RunContext": "training.custom"}
 
 
 def __getattr__(name: str):
@@ -46,6 +48,11 @@ __all__ = [
     "Client",
     "JobRef",
     "train",
+    # inside a custom training function (docs/custom-training.md)
+    "report",
+    "report_checkpoint",
+    "context",
+    "RunContext",
     # the job spec
     "TuneJob",
     "load_spec",

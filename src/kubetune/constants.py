@@ -307,3 +307,15 @@ PREFERENCE_LOG_KEYS = {
 }
 # The preference metrics status.json carries (under its extra fields) and `kubetune status` shows.
 PREFERENCE_STATUS_KEYS = ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin")
+
+# --- custom training functions (spec.entrypoint, kubetune.train(func=...), training/custom.py) ---
+STAGE_CUSTOM = STAGE_TRAIN  # the stage a custom function runs in: status shows "train" like a built-in run
+ENTRYPOINT_MAX_SOURCE_CHARS = 64 * 1024  # entrypoint.source: one function's text, small enough for an env var
+ENTRYPOINT_MAX_FILE_BYTES = 512 * 1024  # entrypoint.file shipped in a ConfigMap (Kubernetes caps one at 1 MiB)
+ENTRYPOINT_MAX_PACKAGES = 64  # entrypoint.packages: requirement lines
+ENTRYPOINT_MODULE_NAME = "kubetune_entrypoint"  # the module name a file or source entrypoint is loaded under
+ENTRYPOINT_SOURCE_FILENAME = "<kubetune entrypoint {function}>"  # the traceback's file name of a source entrypoint
+K8S_ENTRYPOINT_KEY = "entrypoint.py"  # the spec ConfigMap's key holding the function's source (no image build)
+K8S_ENTRYPOINT_PATH = f"{K8S_SPEC_DIR}/{K8S_ENTRYPOINT_KEY}"  # where the pod's spec names it (entrypoint.file)
+# pip in the pod before the worker (entrypoint.packages): quiet, no cache, no upgrade nag; "$@" runs the worker.
+K8S_PIP_INSTALL = "python -m pip install --no-cache-dir --disable-pip-version-check -q"

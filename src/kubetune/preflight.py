@@ -42,6 +42,14 @@ def check_local(job: Any) -> None:
         SpecError: a local source is missing or unreadable, output.dir cannot be created or written, or
             training.max_seq_length exceeds a builtin or local model's positions.
     """
+    if job.entrypoint is not None:  # the user's own function: its code and packages must be here instead
+        sources = _entrypoint_problems(job.entrypoint)
+        problems = [*sources, *_output_problems(job)]
+        if problems:
+            raise SpecError("the job cannot run on this machine:\n  " + "\n  ".join(problems), problems=problems,
+                            hint="the local backend installs nothing: pip install the missing packages into this environment, "
+                            "or run on kubernetes/kfp, whose pods install entrypoint.packages" if any("entrypoint.packages" in p for p in problems) else None)
+        return
     sources = _source_problems(job)
     problems = [*sources, *_output_problems(job)]
     config = read_model_config(job.model.source)
@@ -117,6 +125,23 @@ def _local_path(value: str) -> Path | None:
     if "://" in value and not value.startswith("file://"):
         return None
     return Path(value.removeprefix("file://")).expanduser()
+
+
+def _entrypoint_problems(entrypoint: Any) -> list[str]:
+    """A missing entrypoint.file, or entrypoint.packages not installed here (by project name; versions are not compared)."""
+    from importlib import metadata
+
+    from .spec.entrypoint import requirement_name
+
+    problems = []
+    if entrypoint.file is not None and not Path(entrypoint.file).expanduser().is_file():
+        problems.append(f"entrypoint.file: no such file: {entrypoint.file}")
+    for req in entrypoint.packages:
+        try:
+            metadata.version(requirement_name(req))
+        except metadata.PackageNotFoundError:
+            problems.append(f"entrypoint.packages: {req} is not installed here")
+    return problems
 
 
 def _source_problems(job: Any) -> list[str]:

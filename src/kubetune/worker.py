@@ -76,6 +76,8 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     sync = None
     try:
         started = time.time()
+        if job.entrypoint is not None:  # the user's own training function instead of fetch -> prepare -> train
+            return _run_custom(job, run, is_main, started)
         threads = set_cpu_threads(job)
         if threads is not None:
             _stage(run, is_main, C.STAGE_FETCH, threads)
@@ -127,6 +129,32 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             sync.close(timeout=600)
         if lock is not None:
             lock.release()
+
+
+def _run_custom(job: TuneJob, run: RunDir, is_main: bool, started: float) -> int:
+    """``entrypoint``: call the user's function on this rank (:mod:`kubetune.training.custom`); rank 0 publishes what it
+    reported and returned. Failures and signals are handled by :func:`run_worker` as for the built-in fine-tune."""
+    from .training.custom import run_entrypoint
+
+    threads = set_cpu_threads(job)
+    if threads is not None:
+        _stage(run, is_main, C.STAGE_TRAIN, threads)
+    sync = _output_sync(job, run, is_main)
+    try:
+        if is_main:  # a new run replaces an earlier run's result only once it runs
+            for stale in (run.done_file, run.result_file):
+                stale.unlink(missing_ok=True)
+        _stage(run, is_main, C.STAGE_TRAIN, f"running {job.entrypoint.describe()} on {ranks.world_size()} process(es)")
+        result = run_entrypoint(job, run, is_main=is_main)
+        if is_main:
+            _stage(run, is_main, C.STAGE_PUBLISH, "publishing results")
+            result["total_seconds"] = round(time.time() - started, 2)
+            publish(job, run, {}, result, sync=sync)
+            run.succeed()
+        return 0
+    finally:
+        if sync is not None:
+            sync.close(timeout=600)
 
 
 def _take_lock(run: RunDir) -> "RunLock | None":

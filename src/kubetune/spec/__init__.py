@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .base import URI_SCHEMES, check_uri
 from .cluster import KfpSpec, KubernetesSpec
+from .entrypoint import EntrypointSpec
 from .job import (
     DatasetSourceSpec,
     DatasetSpec,
@@ -40,6 +41,7 @@ __all__ = [
     "TrainingSpec",
     "OutputSpec",
     "ResourcesSpec",
+    "EntrypointSpec",
     "load_spec",
     "apply_overrides",
     "spec_to_dict",

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from .. import constants as C
 from ..data.formats import FORMATS
@@ -14,6 +14,7 @@ from ..data.preference_formats import PREFERENCE_FORMATS
 from .reader import Located
 from .base import _NAME_RE, _SCHEME_RE, _Section, check_uri, register_root
 from .cluster import KfpSpec, KubernetesSpec, check_quantity
+from .entrypoint import EntrypointSpec, check_built_in_input, check_custom_job, dump_without_unused
 from .sweep import SweepSpec
 from .validate import validate_job
 
@@ -383,8 +384,12 @@ class TuneJob(_Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, title="kubetune job spec")
 
     name: str = Field("kubetune-job", description="Job name: lowercase letters, digits and '-', at most 40 characters.")
-    model: ModelSpec
-    dataset: DatasetSpec
+    entrypoint: EntrypointSpec | None = Field(
+        None, description="Run your own Python function under torchrun instead of the built-in fine-tune (docs/custom-training.md); "
+        "the job then takes no model, dataset, method or sweep."
+    )
+    model: ModelSpec | None = Field(None, validate_default=True, description="The base model (required unless entrypoint is set).")
+    dataset: DatasetSpec | None = Field(None, validate_default=True, description="Training data (required unless entrypoint is set).")
     method: MethodSpec = Field(default_factory=MethodSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
@@ -401,6 +406,20 @@ class TuneJob(_Section):
                 f"'{v}' is not a valid job name: use lowercase letters, digits and '-', start with a letter, at most 40 characters"
             )
         return v
+
+    @field_validator("model", "dataset")
+    @classmethod
+    def _built_in_inputs(cls, v: Any, info: ValidationInfo) -> Any:
+        return check_built_in_input(v, info)  # required by the built-in fine-tune, refused beside an entrypoint
+
+    @model_validator(mode="after")
+    def _custom_function(self) -> "TuneJob":
+        check_custom_job(self)  # an entrypoint job: what belongs to the built-in fine-tune is refused, not ignored
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict:
+        return dump_without_unused(self, handler(self))  # built-in jobs dump as before; entrypoint jobs without model, ...
 
     @model_validator(mode="after")
     def _apply_method_preset(self) -> "TuneJob":
@@ -420,6 +439,8 @@ class TuneJob(_Section):
     @model_validator(mode="after")
     def _objective(self) -> "TuneJob":
         m, ds = self.method, self.dataset
+        if ds is None:  # an entrypoint job
+            return self
         formats = [ds.format] + [x.format for x in ds.mix]
         if m.preference:
             if m.dpo.reference and m.objective != "dpo":

@@ -192,6 +192,7 @@ def _resolve_local_paths(data: dict, base: Path | None) -> None:
     fix(data.get("model"), "source")
     fix(data.get("dataset"), "source")
     fix(data.get("dataset"), "eval_source")
+    fix(data.get("entrypoint"), "file")  # the user's training function (spec/entrypoint.py)
     mix = data.get("dataset", {}).get("mix") if isinstance(data.get("dataset"), dict) else None
     for entry in mix if isinstance(mix, list) else []:
         fix(entry, "source")
