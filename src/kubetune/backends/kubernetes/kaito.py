@@ -57,6 +57,8 @@ def check(job: TuneJob) -> None:
         SpecError: the first problem, naming the field and the fix.
     """
     m, d, r, k = job.method, job.dataset, job.resources, job.kubernetes
+    if job.entrypoint is not None:
+        raise SpecError("entrypoint: Kaito runs its own tuning code, not a custom training function", hint=_JOB_HINT)
     if m.type not in ("lora", "qlora"):
         raise SpecError(f"method.type {m.type}: kaito tunes with lora or qlora; use --flavor job")
     if m.objective != "sft":

@@ -37,6 +37,7 @@ __all__ = [
     "container_security_context",
     "names",
     "refuse_credentials",
+    "entrypoint_code",
 ]
 
 # An extended resource name: a domain, a slash, a name (nvidia.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb).
@@ -52,7 +53,9 @@ CREDENTIALS_HINT = (
 
 
 def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
-    """(spec field, role, directory in the pod, value) of every model and dataset source."""
+    """(spec field, role, directory in the pod, value) of every model and dataset source (none for an entrypoint job)."""
+    if job.entrypoint is not None:  # the user's function fetches what it needs itself
+        return []
     d = job.dataset
     fields = [
         ("model.source", "model", C.K8S_MODEL_DIR, job.model.source),
@@ -170,6 +173,46 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
     return args
 
 
+def entrypoint_code(job: TuneJob) -> str | None:
+    """The source an entrypoint job ships in its spec ConfigMap (``entrypoint.file``'s text or ``entrypoint.source``);
+    None for a built-in job or an ``entrypoint.module`` (that one must be in the image).
+
+    Raises:
+        SpecError: the file cannot be read, is not UTF-8, or is too big for a ConfigMap.
+    """
+    e = job.entrypoint
+    if e is None or e.module is not None:
+        return None
+    if e.source is not None:
+        return e.source
+    from pathlib import Path
+
+    path = Path(e.file).expanduser()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise SpecError(f"entrypoint.file: cannot read {path}: {err.strerror or err}",
+                        hint="relative paths resolve against the current directory, then the spec file's") from None
+    if len(data) > C.ENTRYPOINT_MAX_FILE_BYTES:
+        raise SpecError(f"entrypoint.file: {path} is {len(data)} bytes, more than the {C.ENTRYPOINT_MAX_FILE_BYTES} a ConfigMap carries here",
+                        hint="keep the training code in an image and name it with entrypoint.module")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"entrypoint.file: {path} is not UTF-8 text") from None
+
+
+def _with_packages(job: TuneJob, command: list[str], args: list[str]) -> tuple[list[str], list[str]]:
+    """``entrypoint.packages``: pip installs them in the main container, then execs the worker command unchanged."""
+    packages = job.entrypoint.packages if job.entrypoint is not None else []
+    if not packages:
+        return command, args
+    import shlex
+
+    script = f"{C.K8S_PIP_INSTALL} {' '.join(shlex.quote(p) for p in packages)} && exec \"$@\""
+    return ["sh", "-c", script, "kubetune-worker"], [*command, *args]  # sh -c SCRIPT $0 ARGS...: "$@" is the worker
+
+
 LAUNCHER = ["python", "-m", "kubetune.launch"]  # torchrun, plus the job's reason and timeouts (launch.py)
 
 
@@ -187,13 +230,13 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
     r = job.resources
     wargs = worker_args(job, inputs)
     if r.world_size == 1:
-        return ["kubetune", "worker"], wargs
+        return _with_packages(job, ["kubetune", "worker"], wargs)
     if r.nodes == 1:
-        return LAUNCHER, ["--standalone", "--nnodes=1", f"--nproc-per-node={r.processes_per_node}", "-m", "kubetune.worker", *wargs]
+        return _with_packages(job, LAUNCHER, ["--standalone", "--nnodes=1", f"--nproc-per-node={r.processes_per_node}", "-m", "kubetune.worker", *wargs])
     head = [f"--nnodes={r.nodes}", f"--nproc-per-node={r.processes_per_node}"]
     if launcher == "static":
         head += ["--node-rank=$(NODE_RANK)", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
-    return LAUNCHER, [*head, "-m", "kubetune.worker", *wargs]
+    return _with_packages(job, LAUNCHER, [*head, "-m", "kubetune.worker", *wargs])
 
 
 def shipped_image(job: TuneJob) -> str | None:

@@ -37,7 +37,7 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
         namespace: overrides ``kubernetes.namespace``; with neither, objects carry no namespace.
 
     Returns:
-        ConfigMap (the spec), PersistentVolumeClaim (when one is created), Service (multi-node ``job``),
+        ConfigMap (the spec, and an entrypoint job's function source), PersistentVolumeClaim (when one is created), Service (multi-node ``job``),
         then the workload, as plain dicts. ``kaito``: the ConfigMap of Kaito's training config, then the Workspace.
 
     Raises:
@@ -64,14 +64,11 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
     if flavor == "kaito":  # Kaito builds the pod itself: no spec ConfigMap, no PVC
         return copy.deepcopy(FLAVORS[flavor](ctx))
     names = P.names(job)
-    objects = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": ctx.meta(names["configmap"]),
-            "data": {C.K8S_SPEC_KEY: yaml.safe_dump(cluster_spec(job, flavor), sort_keys=False, allow_unicode=True)},
-        }
-    ]
+    data = {C.K8S_SPEC_KEY: yaml.safe_dump(cluster_spec(job, flavor), sort_keys=False, allow_unicode=True)}
+    code = P.entrypoint_code(job)
+    if code is not None:  # the user's function travels beside the spec, mounted with it: no image build
+        data[C.K8S_ENTRYPOINT_KEY] = code
+    objects = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": ctx.meta(names["configmap"]), "data": data}]
     ws = job.kubernetes.workspace
     if ws.volume == "pvc" and not ws.claim_name:
         pvc_spec: dict = {"accessModes": list(ws.access_modes), "resources": {"requests": {"storage": ws.size}}}
@@ -103,6 +100,8 @@ def cluster_spec(job: TuneJob, flavor: str) -> dict:
                 node = node[part]
             node[key] = value
     data["kubernetes"]["flavor"] = flavor
+    if job.entrypoint is not None and job.entrypoint.module is None:  # the code is the ConfigMap's entrypoint.py
+        data["entrypoint"].update(file=C.K8S_ENTRYPOINT_PATH, source=None)
     return data
 
 
