@@ -267,9 +267,14 @@ class _Terminated(Exception):
         self.signum = signum
 
 
+# The modules whose ranks this launcher follows: the worker, and the KFP task that runs an entrypoint job's function
+# (`-m kubetune.backends.kfp.stages custom --spec FILE --run-dir DIR`, backends/kfp/stages.py).
+_RANK_MODULES = ("kubetune.worker", "kubetune.backends.kfp.stages")
+
+
 def _job_of(args: argparse.Namespace) -> tuple[Any, Path | None]:
     """The job and run directory named by the worker's arguments (None, None when it cannot be told)."""
-    if not (args.module and args.training_script == "kubetune.worker"):
+    if not (args.module and args.training_script in _RANK_MODULES):
         return None, None
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--spec")

@@ -25,7 +25,7 @@ from typing import Any
 from . import constants as C
 from .errors import SpecError
 
-__all__ = ["check_local", "check_model_config", "read_model_config", "model_max_positions"]
+__all__ = ["check_local", "check_model_config", "read_model_config", "model_max_positions", "entrypoint_problems"]
 
 # Kernel filesystems: writing results there fails, or worse, does something.
 _SYSTEM_ROOTS = tuple(Path(p) for p in C.OUTPUT_FORBIDDEN_ROOTS)
@@ -43,7 +43,7 @@ def check_local(job: Any) -> None:
             training.max_seq_length exceeds a builtin or local model's positions.
     """
     if job.entrypoint is not None:  # the user's own function: its code and packages must be here instead
-        sources = _entrypoint_problems(job.entrypoint)
+        sources = entrypoint_problems(job.entrypoint)
         problems = [*sources, *_output_problems(job)]
         if problems:
             raise SpecError("the job cannot run on this machine:\n  " + "\n  ".join(problems), problems=problems,
@@ -127,7 +127,7 @@ def _local_path(value: str) -> Path | None:
     return Path(value.removeprefix("file://")).expanduser()
 
 
-def _entrypoint_problems(entrypoint: Any) -> list[str]:
+def entrypoint_problems(entrypoint: Any) -> list[str]:
     """A missing entrypoint.file, or entrypoint.packages not installed here (by project name; versions are not compared)."""
     from importlib import metadata
 

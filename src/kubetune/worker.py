@@ -32,7 +32,7 @@ from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 from .training import distributed
 
-__all__ = ["run_worker", "previous_run", "finished_run_message", "set_cpu_threads", "fetch_inputs", "prepare_data", "publish", "main"]
+__all__ = ["run_worker", "run_custom", "previous_run", "finished_run_message", "set_cpu_threads", "fetch_inputs", "prepare_data", "publish", "main"]
 
 log = logging.getLogger("kubetune.worker")
 
@@ -77,7 +77,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     try:
         started = time.time()
         if job.entrypoint is not None:  # the user's own training function instead of fetch -> prepare -> train
-            return _run_custom(job, run, is_main, started)
+            return run_custom(job, run, is_main=is_main, started=started)
         threads = set_cpu_threads(job)
         if threads is not None:
             _stage(run, is_main, C.STAGE_FETCH, threads)
@@ -131,9 +131,10 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
             lock.release()
 
 
-def _run_custom(job: TuneJob, run: RunDir, is_main: bool, started: float) -> int:
+def run_custom(job: TuneJob, run: RunDir, *, is_main: bool, started: float) -> int:
     """``entrypoint``: call the user's function on this rank (:mod:`kubetune.training.custom`); rank 0 publishes what it
-    reported and returned. Failures and signals are handled by :func:`run_worker` as for the built-in fine-tune."""
+    reported and returned (result.json, output.uri, DONE). Raises what the function's run raises: :func:`run_worker` (and
+    the KFP stage) record failures and handle signals as for the built-in fine-tune. Returns 0."""
     from .training.custom import run_entrypoint
 
     threads = set_cpu_threads(job)

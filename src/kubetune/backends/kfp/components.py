@@ -7,7 +7,7 @@ keeps ``from __future__ import annotations`` off on purpose: the kfp SDK reads t
 
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-__all__ = ["fetch", "train", "merge", "publish", "publish_merged"]
+__all__ = ["fetch", "train", "merge", "publish", "publish_merged", "custom"]
 
 
 def fetch(
@@ -88,3 +88,17 @@ def publish_merged(
 
     publish_stage(spec, run_dir, metrics_json=metrics_json, trained_dir=trained.path, merged_dir=merged.path,
                   record_dir=run.path)
+
+
+def custom(
+    spec: str,
+    entrypoint_code: str,
+    run_dir: str,
+    run: Output[Artifact],
+) -> str:
+    """kubetune custom: the user's training function (spec.entrypoint) on every process; the run record as an artifact."""
+    import json
+
+    from kubetune.backends.kfp.stages import custom_stage
+
+    return json.dumps(custom_stage(spec, run_dir, entrypoint_code=entrypoint_code, record_dir=run.path), default=str)

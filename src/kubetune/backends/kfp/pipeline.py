@@ -45,6 +45,8 @@ def build_pipeline(job: TuneJob, *, local: bool = False) -> Callable[..., Any]:
     _check_topology(job)
     image = base_image(job)
     packages = [] if local else _packages(job, image)
+    if job.entrypoint is not None:
+        return _custom_pipeline(job, image, local=local, packages=packages)
 
     def component(func: Callable) -> Any:
         return dsl.component(
@@ -99,13 +101,52 @@ def build_pipeline(job: TuneJob, *, local: bool = False) -> Callable[..., Any]:
     return kubetune_pipeline
 
 
+def _custom_pipeline(job: TuneJob, image: str, *, local: bool, packages: list[str]) -> Callable[..., Any]:
+    """An entrypoint job's pipeline: one ``custom`` task runs the user's function on ``processes_per_node`` processes.
+
+    Its code is a pipeline parameter of its own (``entrypoint_code``, like the ConfigMap key on Kubernetes); a server's
+    task pip-installs ``entrypoint.packages`` with kubetune, the local runner installs nothing and refuses missing ones.
+    """
+    if local:
+        from ...preflight import entrypoint_problems
+
+        problems = [p for p in entrypoint_problems(job.entrypoint) if p.startswith("entrypoint.packages")]
+        if problems:
+            raise SpecError("; ".join(problems), hint="the KFP local runner uses this environment and installs nothing: pip install them here")
+    else:
+        packages = [*packages, *job.entrypoint.packages]
+    op = dsl.component(components.custom, base_image=image, packages_to_install=packages or None,
+                       pip_index_urls=(job.kfp.pip_index_urls or None) if packages else None, install_kfp_package=not local)
+    defaults = pipeline_arguments(job)
+
+    @dsl.pipeline(name=pipeline_name(job), description=f"kubetune custom training '{job.name}': {job.entrypoint.describe()}")
+    def kubetune_pipeline(spec: str = defaults["spec"], entrypoint_code: str = defaults["entrypoint_code"], run_dir: str = ""):
+        task = op(spec=spec, entrypoint_code=entrypoint_code, run_dir=run_dir).set_display_name("train")
+        task.set_caching_options(job.kfp.caching)
+        _set_resources(task, job, accelerators=True)
+        if not local:
+            _set_pod_settings([task], [task], job)
+
+    return kubetune_pipeline
+
+
 def pipeline_arguments(job: TuneJob, run_dir: str | Path = "") -> dict[str, str]:
     """The pipeline's parameters for ``job``: the resolved spec, the input URIs and the run directory.
 
     The URIs are parameters of their own so that a compiled pipeline can be rerun from the KFP UI with
     another model or dataset; ``run_dir`` is set for the local runner only. The spec travels as one line of
-    JSON (YAML to its readers): the compiler copies defaults into a comment header, one line each.
+    JSON (YAML to its readers): the compiler copies defaults into a comment header, one line each. An entrypoint
+    job has no URIs: its function's code is the parameter ``entrypoint_code``, a JSON string (``module`` entrypoints: empty).
     """
+    if job.entrypoint is not None:
+        from ..kubernetes.pod import entrypoint_code
+
+        spec = spec_to_dict(job)
+        if job.entrypoint.module is None:  # the task writes the code to a file of its own and points the spec there
+            spec["entrypoint"].update(file=C.K8S_ENTRYPOINT_KEY, source=None)
+        code = entrypoint_code(job)  # one line too: a JSON string
+        return {"spec": json.dumps(spec, separators=(",", ":")), "entrypoint_code": json.dumps(code) if code is not None else "",
+                "run_dir": str(run_dir)}
     return {
         "spec": json.dumps(spec_to_dict(job), separators=(",", ":")),
         "model_uri": job.model.source,

@@ -201,6 +201,8 @@ def stage_inputs(job: TuneJob, job_id: str) -> tuple[TuneJob, list[dict]]:
         BackendError: local files but no bucket configured.
         SourceError: an upload failed.
     """
+    if job.entrypoint is not None:  # its function fetches what it needs; its code travels as a pipeline parameter
+        return job, []
     data = job.model_dump(mode="json")
     slots: list[tuple[str, dict, str, str]] = [("model", data["model"], "source", "model.source"),
                                               ("dataset", data["dataset"], "source", "dataset.source")]

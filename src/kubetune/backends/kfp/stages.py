@@ -36,7 +36,7 @@ from ...events import RunDir
 from ...spec import TuneJob, dump_spec, load_spec
 from ...spec.reader import parse_spec_text
 
-__all__ = ["fetch_stage", "train_stage", "merge_stage", "publish_stage", "main"]
+__all__ = ["fetch_stage", "train_stage", "merge_stage", "publish_stage", "custom_stage", "main"]
 
 
 def fetch_stage(
@@ -308,16 +308,87 @@ def _train_torchrun(job: TuneJob, spec_text: str, run_dir: str, **dirs: str) -> 
         return json.loads(metrics_file.read_text(encoding="utf-8"))
 
 
+# --- an entrypoint job: the user's function ------------------------------------------------------
+def custom_stage(spec_text: str, run_dir: str, *, entrypoint_code: str, record_dir: str) -> dict:
+    """Run the user's function (``spec.entrypoint``) on ``resources.processes_per_node`` processes (kubetune's launcher
+    when more than one, which names the rank that failed first), then copy the run record into ``record_dir``.
+
+    Each rank runs :func:`kubetune.worker.run_custom`, as the worker does on the other backends. The function's code
+    (``entrypoint_code``, a JSON string) is written to a file of this task's own, which the spec's ``entrypoint.file`` names.
+
+    Raises:
+        SystemExit: the function failed (recorded in the run directory first).
+    """
+    job = load_spec(parse_spec_text(spec_text, "the pipeline's spec parameter")[0])
+    env = dict(os.environ)
+    if not run_dir:  # on a server: a scratch run directory, events echoed to the pod log
+        run_dir, env[C.ENV_EVENT_STDOUT] = tempfile.mkdtemp(prefix="kubetune-run-"), "1"
+    with tempfile.TemporaryDirectory(prefix="kubetune-custom-") as tmp:
+        if job.entrypoint.module is None:
+            code_file = Path(tmp) / C.K8S_ENTRYPOINT_KEY
+            code_file.write_text(json.loads(entrypoint_code), encoding="utf-8")  # a JSON string (pipeline.pipeline_arguments)
+            job = job.with_overrides({"entrypoint.file": str(code_file)})
+        spec_file = Path(tmp) / C.SPEC_FILE
+        spec_file.write_text(json.dumps(job.model_dump(mode="json")), encoding="utf-8")
+        rank_cmd = ["-m", "kubetune.backends.kfp.stages", "custom", "--spec", str(spec_file), "--run-dir", run_dir]
+        n = job.resources.processes_per_node
+        if n > 1:
+            if C.ENV_OMP_NUM_THREADS not in env:  # torchrun's OMP_NUM_THREADS=1 is not the user's (kubetune.cpu)
+                env[C.ENV_THREADS_AUTO] = "1"
+            cmd = [sys.executable, "-m", "kubetune.launch", "--standalone", f"--nproc-per-node={n}", "--max-restarts=0", *rank_cmd]
+        else:
+            cmd = [sys.executable, *rank_cmd]
+        code = subprocess.call(cmd, env=env)
+    run = RunDir(run_dir)
+    record = Path(record_dir)
+    record.mkdir(parents=True, exist_ok=True)
+    for name in (C.SPEC_FILE, C.RESULT_FILE, C.STATUS_FILE, C.EVENTS_FILE, C.DONE_FILE):
+        if (run.path / name).is_file():
+            shutil.copy2(run.path / name, record / name)
+    if code != 0:
+        raise SystemExit(code)  # the ranks (or the launcher) recorded the failure
+    return run.read_result() or {}
+
+
+def _custom_rank(spec_file: str, run_dir: str) -> int:
+    """One rank of :func:`custom_stage`: the function, with failures recorded as the worker records them."""
+    from ...training import distributed
+    from ...worker import run_custom
+
+    is_main = ranks.is_main_process()
+    run = _open_run(run_dir)
+    try:
+        job = load_spec(spec_file)
+        if is_main:  # the launcher's pid in the status: it records the first failing rank's error as the job's reason
+            if not run.spec_file.is_file():  # on a server; locally the submitter wrote the spec as submitted
+                run.spec_file.write_text(dump_spec(job), encoding="utf-8")
+            run.start(worker_pid=os.getpid(), **distributed.state_extra())
+        return run_custom(job, run, is_main=is_main, started=time.time())
+    except KubetuneError as e:
+        reason, code = str(e), 2
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    except Exception as e:
+        traceback.print_exc()
+        reason, code = f"{type(e).__name__}: {e}", 1
+    if is_main:  # under kubetune's launcher, the launcher records the first failing rank's error as the state
+        run.fail(reason, code, state=not distributed.launcher_records_state())
+    distributed.record_error(reason)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kubetune.backends.kfp.stages train ...``: one rank of a multi-process train stage."""
+    """``python -m kubetune.backends.kfp.stages (train|custom) ...``: one rank of a multi-process train stage, or one
+    process of an entrypoint job's task."""
     p = argparse.ArgumentParser(prog="kubetune-kfp-stage")
-    p.add_argument("stage", choices=["train"])
+    p.add_argument("stage", choices=["train", "custom"])
     p.add_argument("--spec", required=True)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--metrics-out", required=True)
+    p.add_argument("--metrics-out")
     for name in ("model-dir", "dataset-dir", "eval-dir", "trained-dir"):
-        p.add_argument(f"--{name}", required=True)
+        p.add_argument(f"--{name}")
     a = p.parse_args(argv)
+    if a.stage == "custom":
+        return _custom_rank(a.spec, a.run_dir)
     metrics = train_stage(Path(a.spec).read_text(encoding="utf-8"), a.run_dir, model_dir=a.model_dir,
                           dataset_dir=a.dataset_dir, eval_dir=a.eval_dir, trained_dir=a.trained_dir)
     if ranks.is_main_process():
