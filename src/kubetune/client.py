@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .backends import JobRef, get_backend
-from .errors import BackendError
+from .errors import BackendError, SpecError
 from .events import JobStatus
 from .preflight import check_local
 from .spec import TuneJob, load_spec
@@ -159,31 +159,59 @@ class Client:
 
 
 def train(
-    model: str,
-    dataset: str,
+    model: str | None = None,
+    dataset: str | None = None,
     *,
     method: str = "lora",
     name: str = "kubetune-job",
     backend: str = "local",
     wait: bool = True,
+    func: Callable[..., Any] | None = None,
+    func_args: Mapping[str, Any] | None = None,
+    packages: Iterable[str] | None = None,
+    env: Mapping[str, str] | None = None,
     **sections: Any,
 ) -> JobStatus | JobRef:
-    """Fine-tune in one call (Kubeflow KEP-2003's ``train()``).
+    """Fine-tune in one call (Kubeflow KEP-2003's ``train()``), or run your own training function (``func``).
 
     Args:
-        model: model URI, e.g. ``builtin://tiny-chat`` or ``hf://Qwen/Qwen2.5-0.5B-Instruct``.
-        dataset: dataset URI or path.
-        method: full, lora, qlora or dora.
+        model: model URI, e.g. ``builtin://tiny-chat`` or ``hf://Qwen/Qwen2.5-0.5B-Instruct`` (the built-in fine-tune).
+        dataset: dataset URI or path (the built-in fine-tune).
+        method: full, lora, qlora or dora (the built-in fine-tune).
         name: job name.
         backend: where to run it.
         wait: block until the job ends and return its status (else return the JobRef).
-        **sections: other spec sections as dicts, e.g. ``training={"epochs": 1}``, ``output={"dir": "runs/x"}``.
+        func: a plain, self-contained function to run under torchrun on every process instead of the built-in
+            fine-tune (Kubeflow's CustomTrainer): its source is shipped (``entrypoint.source``), so it imports what it
+            uses inside its body; it reports through :func:`kubetune.report` (docs/custom-training.md).
+        func_args: keyword arguments of ``func`` (JSON values).
+        packages: pip requirements the pods install before ``func`` runs (the local backend installs nothing and
+            refuses missing ones).
+        env: environment variables set in every process before ``func`` is loaded.
+        **sections: other spec sections as dicts, e.g. ``training={"epochs": 1}``, ``output={"dir": "runs/x"}``,
+            ``resources={"processes_per_node": 2}``.
 
     Returns:
         The final JobStatus (``wait=True``) or the JobRef.
+
+    Raises:
+        SpecError: neither ``func`` nor model and dataset given, both given, or ``func`` cannot be shipped.
     """
-    spec: dict[str, Any] = {"name": name, "model": {"source": model}, "dataset": {"source": dataset}}
-    spec["method"] = {"type": method, **sections.pop("method", {})}
+    spec: dict[str, Any] = {"name": name}
+    if func is not None:
+        if model is not None or dataset is not None:
+            raise SpecError("train(): give func (your own training function) or model and dataset (the built-in fine-tune), not both")
+        from .training.custom import function_source
+
+        spec["entrypoint"] = {"source": function_source(func), "function": func.__name__, "args": dict(func_args or {}),
+                              "packages": list(packages or []), "env": dict(env or {})}
+    else:
+        if model is None or dataset is None:
+            raise SpecError("train(): give model and dataset (the built-in fine-tune), or func (your own training function)")
+        if func_args is not None or packages is not None or env is not None:
+            raise SpecError("train(): func_args, packages and env go with func", hint="for the built-in fine-tune use kubernetes={'env': {...}}")
+        spec.update({"model": {"source": model}, "dataset": {"source": dataset}})
+        spec["method"] = {"type": method, **sections.pop("method", {})}
     spec.update(sections)
     client = Client(backend)
     ref = client.submit(spec)

@@ -92,7 +92,19 @@ def redacted_spec_dict(job: TuneJob) -> dict:
 
 def dump_spec(job: TuneJob) -> str:
     """The resolved spec as YAML, in field order, credentials masked (what ``spec.yaml`` holds)."""
-    return yaml.safe_dump(redacted_spec_dict(job), sort_keys=False, allow_unicode=True)
+    return yaml.dump(redacted_spec_dict(job), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True)
+
+
+class _SpecDumper(yaml.SafeDumper):
+    """safe_dump, with multi-line strings (an entrypoint's source) as literal blocks that read like the code they hold."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str):
+    block = "\n" in value and not any(line != line.rstrip() for line in value.splitlines())
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
+
+
+_SpecDumper.add_representer(str, _str)
 
 
 def spec_warnings(job: TuneJob) -> list[str]:
