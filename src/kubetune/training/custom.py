@@ -207,6 +207,7 @@ def run_entrypoint(job: Any, run: RunDir, *, is_main: bool) -> dict:
         last = dict(_active["last"])
     finally:
         _active.update(run=None, context=None, last={})
+    _wait_for_every_rank(job)
     result: dict[str, Any] = {"function": spec.describe(), **last}
     if returned is not None:
         try:
@@ -229,6 +230,29 @@ def _call(func: Callable, spec: Any) -> Any:
         traceback.print_exc()
         sys.stderr.flush()
         raise TrainError(f"the training function {spec.describe()} raised {_one_line(e)} (traceback in the job's log)") from None
+
+
+def _wait_for_every_rank(job: Any) -> None:
+    """With several processes, rank 0 publishes only once every rank's function returned: a rank that fails instead
+    ends the job (torchrun stops the others, and kubetune's launcher names that rank), never after a success was recorded.
+
+    The barrier is a counter in torchrun's own key-value store (the agent's, which every rank reaches at
+    MASTER_ADDR:MASTER_PORT), not a process group: the function may have used NCCL, destroyed its group, or never made
+    one, and a second default group on the same store is not safe. Without the agent's store (torchrun older than 2.0,
+    or not torchrun) there is no barrier.
+    """
+    if ranks.world_size() <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=job.resources.collective_timeout_seconds)
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    key = f"kubetune/entrypoint-returned/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if store.add(f"{key}/count", 1) == ranks.world_size():
+        store.set(f"{key}/all", "1")
+    store.wait([f"{key}/all"], timeout)
 
 
 def _one_line(e: BaseException) -> str:
