@@ -169,6 +169,8 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
             args += ["--set", f"{inp.field}={inp.dest}"]
             if inp.field == "model.source" and job.model.revision:
                 args += ["--set", "model.revision=null"]  # the revision was fetched; the local copy has none
+    if job.entrypoint is not None and job.entrypoint.module is None:  # the function's source, mounted from the ConfigMap
+        args += ["--set", f"entrypoint.file={C.K8S_ENTRYPOINT_PATH}"]
     args += ["--set", f"output.dir={C.K8S_OUTPUT_DIR}"]
     return args
 

@@ -101,7 +101,7 @@ def cluster_spec(job: TuneJob, flavor: str) -> dict:
             node[key] = value
     data["kubernetes"]["flavor"] = flavor
     if job.entrypoint is not None and job.entrypoint.module is None:  # the code is the ConfigMap's entrypoint.py
-        data["entrypoint"].update(file=C.K8S_ENTRYPOINT_PATH, source=None)
+        data["entrypoint"].update(file=C.K8S_ENTRYPOINT_KEY, source=None)  # the worker's --set names its mount path
     return data
 
 
