@@ -278,3 +278,58 @@ def test_the_example_runs(tmp_path):
     assert (st.step, st.total_steps) == (20, 20)
     result = json.loads((run / C.RESULT_FILE).read_text())
     assert result["loss"] < 1.0 and result["checkpoint"].endswith("step-20.pt")
+
+
+def test_preempt_stops_it_and_a_rerun_resumes(tmp_path):
+    fn = _write(tmp_path, '''
+        def main():
+            import time
+            import kubetune
+            ctx = kubetune.context()
+            if ctx.resume_from is not None:
+                return {"resumed_from": ctx.resume_from.name}
+            for step in range(1, 1000):
+                path = ctx.checkpoint_dir / f"step-{step}.txt"
+                path.write_text(str(step))
+                kubetune.report_checkpoint(path, step=step)
+                kubetune.report(step=step)
+                time.sleep(0.2)
+    ''')
+    spec = _spec(tmp_path, fn)
+    client = Client("local")
+    ref = client.submit(spec)
+    deadline = time.monotonic() + 120
+    while client.status(ref).step < 2:
+        assert time.monotonic() < deadline, client.status(ref)
+        time.sleep(0.2)
+    client.preempt(ref)
+    assert client.wait(ref, timeout=60).state == C.STATE_PREEMPTED
+    st, run, _ = _run(spec)
+    assert st.state == C.STATE_SUCCEEDED, st.reason
+    newest = max(int(p.stem.split("-")[1]) for p in (run / C.CHECKPOINTS_DIR).glob("step-*.txt"))
+    assert json.loads((run / C.RESULT_FILE).read_text())["returned"] == {"resumed_from": f"step-{newest}.txt"}
+
+
+@pytest.mark.parametrize(
+    "body, state, reason",
+    [
+        ("def main():\n    import sys\n    sys.exit(0)\n", C.STATE_SUCCEEDED, None),
+        ("def main():\n    import sys\n    sys.exit(3)\n", C.STATE_FAILED, "the training function train.py:main exited with 3"),
+        ("def other():\n    pass\n", C.STATE_FAILED, "entrypoint.function: {file} defines no 'main'\n  hint: functions there: other"),
+        ("import not_a_module_anywhere\n\ndef main():\n    pass\n", C.STATE_FAILED,
+         "loading entrypoint.file train.py raised ModuleNotFoundError: No module named 'not_a_module_anywhere' (add it to "
+         "entrypoint.packages, or install it into the image) (traceback in the job's log)"),
+    ],
+)
+def test_how_a_function_ends(tmp_path, body, state, reason):
+    fn = _write(tmp_path, body)
+    st, _, _ = _run(_spec(tmp_path, fn))
+    assert st.state == state
+    assert st.reason == (reason.format(file=fn) if reason else None)
+
+
+def test_every_example_spec_loads():
+    specs = sorted((REPO / "examples").rglob("*.yaml"))
+    assert EXAMPLE in specs
+    for path in specs:
+        load_spec(path)
