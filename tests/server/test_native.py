@@ -63,6 +63,10 @@ def test_client_drives_a_server(make_server, tmp_path):
     bad = httpx.post(f"{server.url}/jobs", content=b"name: x\nmodel: {source: builtin://tiny-chat}\nbogus: 1\n",
                      headers={**headers, "Content-Type": "application/yaml"})
     assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"] and bad.json()["error"]["code"] == "invalid_spec"
+    # a custom training function would run a client's code with the server's privileges: refused, nothing queued
+    custom = httpx.post(f"{server.url}/jobs", json={"name": "mine", "entrypoint": {"source": "def main():\n    pass\n"}}, headers=headers)
+    assert custom.status_code == 400 and custom.json()["error"]["message"].startswith("invalid spec: entrypoint: the jobs server runs")
+    assert [s.job_id for s in client.list_jobs()] == [ref.id]
 
     client.delete_job(ref)
     with pytest.raises(JobNotFound):

@@ -62,6 +62,9 @@ def register(app: FastAPI, store: Store, runner: Runner, config: ServerConfig, p
             job = load_spec(spec)
         except SpecError as e:
             raise APIError(400, f"invalid spec: {e.message}", param="spec", code="invalid_spec") from None
+        if job.entrypoint is not None:  # an API client's code would run with the server's privileges, on its machines
+            raise APIError(400, "invalid spec: entrypoint: the jobs server runs the built-in fine-tune only, never a client's "
+                           "own training function; run it with kubetune run (docs/custom-training.md)", param="spec", code="invalid_spec")
         resolved = spec_to_dict(job)
         rec = store.add_job(id=job_id, project_id=p["id"], kind="native", model=job.model.source, hyperparameters={}, method={"type": job.method.type},
                             spec=resolved, status="queued", backend=config.backend, fine_tuned_model=None)
