@@ -309,8 +309,7 @@ PREFERENCE_LOG_KEYS = {
 PREFERENCE_STATUS_KEYS = ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin")
 
 # --- custom training functions (spec.entrypoint, kubetune.train(func=...), training/custom.py) ---
-STAGE_CUSTOM = STAGE_TRAIN  # the stage a custom function runs in: status shows "train" like a built-in run
-ENTRYPOINT_MAX_SOURCE_CHARS = 64 * 1024  # entrypoint.source: one function's text, small enough for an env var
+ENTRYPOINT_MAX_SOURCE_CHARS = 32 * 1024  # entrypoint.source: one function's text; the local worker gets the spec in an env var
 ENTRYPOINT_MAX_FILE_BYTES = 512 * 1024  # entrypoint.file shipped in a ConfigMap (Kubernetes caps one at 1 MiB)
 ENTRYPOINT_MAX_PACKAGES = 64  # entrypoint.packages: requirement lines
 ENTRYPOINT_MODULE_NAME = "kubetune_entrypoint"  # the module name a file or source entrypoint is loaded under
