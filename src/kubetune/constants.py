@@ -314,7 +314,8 @@ ENTRYPOINT_MAX_FILE_BYTES = 512 * 1024  # entrypoint.file shipped in a ConfigMap
 ENTRYPOINT_MAX_PACKAGES = 64  # entrypoint.packages: requirement lines
 ENTRYPOINT_MODULE_NAME = "kubetune_entrypoint"  # the module name a file or source entrypoint is loaded under
 ENTRYPOINT_SOURCE_FILENAME = "<kubetune entrypoint {function}>"  # the traceback's file name of a source entrypoint
-K8S_ENTRYPOINT_KEY = "entrypoint.py"  # the spec ConfigMap's key holding the function's source (no image build)
-K8S_ENTRYPOINT_PATH = f"{K8S_SPEC_DIR}/{K8S_ENTRYPOINT_KEY}"  # where the pod's spec names it (entrypoint.file)
+# The spec ConfigMap's key (and KFP task's file name) holding the function's source, mounted beside spec.yaml: the
+# entrypoint.file's own name where it is a plain *.py name, so tracebacks and reasons name the same file everywhere.
+K8S_ENTRYPOINT_KEY = "entrypoint.py"  # ... else (entrypoint.source, an odd file name) this one
 # pip in the pod before the worker (entrypoint.packages): quiet, no cache, no upgrade nag; "$@" runs the worker.
 K8S_PIP_INSTALL = "python -m pip install --no-cache-dir --disable-pip-version-check -q"

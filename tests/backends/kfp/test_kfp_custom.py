@@ -57,7 +57,7 @@ def test_compiles_to_one_task_with_the_code_as_a_parameter(tmp_path):
     params = ir["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"spec", "entrypoint_code", "run_dir"}
     assert json.loads(params["entrypoint_code"]["defaultValue"]) == (tmp_path / "train.py").read_text()
-    assert json.loads(params["spec"]["defaultValue"])["entrypoint"]["file"] == C.K8S_ENTRYPOINT_KEY
+    assert json.loads(params["spec"]["defaultValue"])["entrypoint"]["file"] == "train.py"  # its name, not this machine's path
     assert str(tmp_path / "train.py") not in json.dumps(ir)  # the code travels, not this machine's path to it
     container = ir["deploymentSpec"]["executors"]["exec-custom"]["container"]
     command = " ".join(container["command"])
@@ -93,7 +93,7 @@ def test_a_failing_rank_fails_the_pipeline_with_its_reason(tmp_path):
     client = Client("kfp")
     st = client.wait(client.submit(_spec(tmp_path, args={"tag": "fail"})), timeout=600)
     assert st.state == C.STATE_FAILED
-    assert st.reason.startswith("rank 1 failed: the training function entrypoint.py:main raised RuntimeError: rank one gave up")
+    assert st.reason.startswith("rank 1 failed: the training function train.py:main raised RuntimeError: rank one gave up")
 
 
 def test_render_cli_does_not_import_torch(tmp_path):

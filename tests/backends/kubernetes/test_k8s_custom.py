@@ -79,16 +79,16 @@ def test_the_function_ships_in_the_configmap_and_renders_valid_objects(tmp_path,
     validate_all(objects)
     assert [o["kind"] for o in objects] == ["ConfigMap", WORKLOAD[flavor]]
     configmap, workload = objects
-    assert configmap["data"][C.K8S_ENTRYPOINT_KEY] == (tmp_path / "train.py").read_text()
+    assert configmap["data"]["train.py"] == (tmp_path / "train.py").read_text()  # under its own name, beside spec.yaml
     pod_spec = yaml.safe_load(configmap["data"][C.K8S_SPEC_KEY])
-    assert pod_spec["entrypoint"]["file"] == C.K8S_ENTRYPOINT_KEY and "model" not in pod_spec
+    assert pod_spec["entrypoint"]["file"] == "train.py" and "model" not in pod_spec
     assert str(tmp_path) not in json.dumps(objects)  # nothing of this machine's paths reaches the cluster
     main = _main_container(workload)
     command, args = main["command"], main.get("args", [])
     # pip installs the packages, then execs the worker unchanged: torchrun with two processes around kubetune.worker
     assert command[:2] == ["sh", "-c"] and command[2].startswith(C.K8S_PIP_INSTALL + " 'pyyaml>=6' && exec")
     assert args[:3] == ["python", "-m", "kubetune.launch"] and "--nproc-per-node=2" in args
-    assert f"entrypoint.file={C.K8S_ENTRYPOINT_PATH}" in args
+    assert f"entrypoint.file={C.K8S_SPEC_DIR}/train.py" in args
     if flavor != "trainjob":
         assert "initContainers" not in json.dumps(workload)  # nothing to fetch: the function reads what it needs
 
@@ -100,7 +100,7 @@ def test_an_sdk_function_and_a_module_render_too(tmp_path):
     module = load_spec({"name": "in-image", "entrypoint": {"module": "mypkg.train"}, "kubernetes": {"image": "registry.example.com/mine:1"}})
     objects = render(module, "pytorchjob")
     validate_all(objects)
-    assert C.K8S_ENTRYPOINT_KEY not in objects[0]["data"]  # the code is in the image
+    assert list(objects[0]["data"]) == [C.K8S_SPEC_KEY]  # the code is in the image
     assert "entrypoint.file" not in json.dumps(objects[-1]) and _main_container(objects[-1])["command"] == ["kubetune", "worker"]
 
 
@@ -120,7 +120,7 @@ def test_submitted_to_the_api_double_run_by_the_pod_executor_and_followed(tmp_pa
         backend = get_backend("kubernetes", kubeconfig=str(double.kubeconfig(tmp_path / "kubeconfig")), cache_seconds=0)
         ref = backend.submit(load_spec(_spec(tmp_path)))
         submitted = [double.get(CORE, "configmaps", "default", "custom-k8s-spec"), double.get("batch/v1", "jobs", "default", "custom-k8s")]
-        assert submitted[0]["data"][C.K8S_ENTRYPOINT_KEY] == (tmp_path / "train.py").read_text()
+        assert submitted[0]["data"]["train.py"] == (tmp_path / "train.py").read_text()
 
         (pod,) = PodExecutor(submitted, workdir=tmp_path / "cluster", bin_dirs=[BIN], extra_env=POD_ENV, timeout=300).run()
         assert pod.ok, pod.describe()
@@ -154,4 +154,4 @@ def test_a_raising_function_fails_the_pod_with_its_traceback(tmp_path):
     assert "Traceback (most recent call last)" in out and "KeyError: 'no such column'" in out
     status = json.loads((pod.host_path(C.K8S_OUTPUT_DIR) / C.STATUS_FILE).read_text())
     assert status["state"] == C.STATE_FAILED
-    assert status["reason"] == "the training function entrypoint.py:main raised KeyError: 'no such column' (traceback in the job's log)"
+    assert status["reason"] == "the training function boom.py:main raised KeyError: 'no such column' (traceback in the job's log)"

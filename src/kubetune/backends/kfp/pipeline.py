@@ -139,11 +139,11 @@ def pipeline_arguments(job: TuneJob, run_dir: str | Path = "") -> dict[str, str]
     job has no URIs: its function's code is the parameter ``entrypoint_code``, a JSON string (``module`` entrypoints: empty).
     """
     if job.entrypoint is not None:
-        from ..kubernetes.pod import entrypoint_code
+        from ..kubernetes.pod import entrypoint_code, entrypoint_file_name
 
         spec = spec_to_dict(job)
         if job.entrypoint.module is None:  # the task writes the code to a file of its own and points the spec there
-            spec["entrypoint"].update(file=C.K8S_ENTRYPOINT_KEY, source=None)
+            spec["entrypoint"].update(file=entrypoint_file_name(job), source=None)
         code = entrypoint_code(job)  # one line too: a JSON string
         return {"spec": json.dumps(spec, separators=(",", ":")), "entrypoint_code": json.dumps(code) if code is not None else "",
                 "run_dir": str(run_dir)}

@@ -325,7 +325,7 @@ def custom_stage(spec_text: str, run_dir: str, *, entrypoint_code: str, record_d
         run_dir, env[C.ENV_EVENT_STDOUT] = tempfile.mkdtemp(prefix="kubetune-run-"), "1"
     with tempfile.TemporaryDirectory(prefix="kubetune-custom-") as tmp:
         if job.entrypoint.module is None:
-            code_file = Path(tmp) / C.K8S_ENTRYPOINT_KEY
+            code_file = Path(tmp) / (Path(job.entrypoint.file or C.K8S_ENTRYPOINT_KEY).name or C.K8S_ENTRYPOINT_KEY)  # the name, never a path
             code_file.write_text(json.loads(entrypoint_code), encoding="utf-8")  # a JSON string (pipeline.pipeline_arguments)
             job = job.with_overrides({"entrypoint.file": str(code_file)})
         spec_file = Path(tmp) / C.SPEC_FILE

@@ -38,6 +38,7 @@ __all__ = [
     "names",
     "refuse_credentials",
     "entrypoint_code",
+    "entrypoint_file_name",
 ]
 
 # An extended resource name: a domain, a slash, a name (nvidia.com/gpu, habana.ai/gaudi, nvidia.com/mig-1g.10gb).
@@ -170,9 +171,20 @@ def worker_args(job: TuneJob, inputs: list[Input]) -> list[str]:
             if inp.field == "model.source" and job.model.revision:
                 args += ["--set", "model.revision=null"]  # the revision was fetched; the local copy has none
     if job.entrypoint is not None and job.entrypoint.module is None:  # the function's source, mounted from the ConfigMap
-        args += ["--set", f"entrypoint.file={C.K8S_ENTRYPOINT_PATH}"]
+        args += ["--set", f"entrypoint.file={C.K8S_SPEC_DIR}/{entrypoint_file_name(job)}"]
     args += ["--set", f"output.dir={C.K8S_OUTPUT_DIR}"]
     return args
+
+
+_CODE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.py$")  # a ConfigMap key that is also a plain Python file name
+
+
+def entrypoint_file_name(job: TuneJob) -> str:
+    """The name the function's source travels under (ConfigMap key, file in the pod or KFP task): ``entrypoint.file``'s
+    own name (``train.py``) where it is a plain Python file name, else ``entrypoint.py``."""
+    e = job.entrypoint
+    name = e.file.replace("\\", "/").rsplit("/", 1)[-1] if e is not None and e.file else ""
+    return name if _CODE_NAME_RE.match(name) and name != C.K8S_SPEC_KEY else C.K8S_ENTRYPOINT_KEY
 
 
 def entrypoint_code(job: TuneJob) -> str | None:

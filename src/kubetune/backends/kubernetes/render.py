@@ -67,7 +67,7 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
     data = {C.K8S_SPEC_KEY: yaml.safe_dump(cluster_spec(job, flavor), sort_keys=False, allow_unicode=True)}
     code = P.entrypoint_code(job)
     if code is not None:  # the user's function travels beside the spec, mounted with it: no image build
-        data[C.K8S_ENTRYPOINT_KEY] = code
+        data[P.entrypoint_file_name(job)] = code
     objects = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": ctx.meta(names["configmap"]), "data": data}]
     ws = job.kubernetes.workspace
     if ws.volume == "pvc" and not ws.claim_name:
@@ -101,7 +101,7 @@ def cluster_spec(job: TuneJob, flavor: str) -> dict:
             node[key] = value
     data["kubernetes"]["flavor"] = flavor
     if job.entrypoint is not None and job.entrypoint.module is None:  # the code is the ConfigMap's entrypoint.py
-        data["entrypoint"].update(file=C.K8S_ENTRYPOINT_KEY, source=None)  # the worker's --set names its mount path
+        data["entrypoint"].update(file=P.entrypoint_file_name(job), source=None)  # the worker's --set names its mount path
     return data
 
 
