@@ -140,7 +140,11 @@ def run_custom(job: TuneJob, run: RunDir, *, is_main: bool, started: float) -> i
     threads = set_cpu_threads(job)
     if threads is not None:
         _stage(run, is_main, C.STAGE_TRAIN, threads)
-    sync = _output_sync(job, run, is_main)
+    sync = None
+    if job.output.uri and is_main:  # the run record is published there at the end (checkpoints are the function's own)
+        from .storage import OutputSync
+
+        sync = OutputSync(job.output.uri)
     try:
         if is_main:  # a new run replaces an earlier run's result only once it runs
             for stale in (run.done_file, run.result_file):

@@ -19,6 +19,8 @@ from kubetune import Client, constants as C
 from kubetune.errors import SpecError
 from kubetune.spec import dump_spec, load_spec
 
+from _support.fixtures_servers import s3, s3_server  # noqa: F401  (pytest fixtures: the loopback S3 server)
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom-training" / "job.yaml"
 
@@ -333,3 +335,20 @@ def test_every_example_spec_loads():
     assert EXAMPLE in specs
     for path in specs:
         load_spec(path)
+
+
+def test_output_uri_receives_the_run_record(tmp_path, s3):
+    fn = _write(tmp_path, '''
+        def main():
+            import kubetune
+            path = kubetune.context().checkpoint_dir / "state.txt"
+            path.write_text("weights")
+            kubetune.report_checkpoint(path, step=1)
+            kubetune.report(step=1, loss=0.5)
+    ''')
+    spec = _spec(tmp_path, fn)
+    spec["output"]["uri"] = s3.uri("custom-out")
+    st, _, _ = _run(spec)
+    assert st.state == C.STATE_SUCCEEDED, st.reason
+    keys = {o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="custom-out/")["Contents"]}
+    assert {"custom-out/result.json", "custom-out/DONE", "custom-out/events.jsonl", "custom-out/logs/worker.log"} <= keys, keys
