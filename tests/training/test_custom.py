@@ -231,6 +231,7 @@ def test_sdk_refuses_functions_that_cannot_travel(tmp_path):
         ({"module": "m", "args": {"not-ident": 1}}, {}, "argument names must be Python identifiers"),
         ({"module": "m"}, {"model": {"source": "builtin://tiny-chat"}}, "model: an entrypoint job takes no model"),
         ({"module": "m"}, {"training": {"epochs": 2}, "method": {"type": "full"}}, "method, training.epochs: not used by an entrypoint job"),
+        ({"module": "m"}, {"sweep": {"grid": {"entrypoint.args.lr": [0.1, 0.2]}}}, "sweep: sweeps over an entrypoint job are not supported yet"),
     ],
 )
 def test_spec_mistakes_are_one_message(entrypoint, extra, message):
@@ -352,3 +353,19 @@ def test_output_uri_receives_the_run_record(tmp_path, s3):
     assert st.state == C.STATE_SUCCEEDED, st.reason
     keys = {o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="custom-out/")["Contents"]}
     assert {"custom-out/result.json", "custom-out/DONE", "custom-out/events.jsonl", "custom-out/logs/worker.log"} <= keys, keys
+
+
+def test_serving_an_entrypoint_run_says_to_serve_the_saved_model(tmp_path):
+    from kubetune.errors import SourceError
+    from kubetune.serve.deploy import render_serve
+    from kubetune.serve.sources import resolve_sources
+
+    job = load_spec(EXAMPLE)
+    with pytest.raises(SpecError, match=r"custom-regression runs a custom training function \(train.py:main\)"):
+        render_serve(job)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / C.SPEC_FILE).write_text(dump_spec(job), encoding="utf-8")
+    with pytest.raises(SourceError, match="the run ran a custom training function") as e:
+        resolve_sources(str(run))
+    assert "kubetune serve RUN/model" in str(e.value)

@@ -70,6 +70,9 @@ def render_serve(
     Raises:
         SpecError: the job's result cannot be reached from a pod, or an option is invalid (named).
     """
+    if job.entrypoint is not None:
+        raise SpecError(f"{job.name} runs a custom training function ({job.entrypoint.describe()}): kubetune does not know "
+                        "which model it saves", hint="serve the model your function saved: kubetune serve PATH (docs/serving.md)")
     if flavor not in FLAVORS:
         raise SpecError(f"--flavor '{flavor}': expected one of {', '.join(FLAVORS)}", hint="deployment (the default) or kserve (a KServe InferenceService)")
     if replicas < 1:

@@ -89,6 +89,9 @@ def load_chat_model(source: str | os.PathLike) -> ChatModel:
         from ..storage import fetch
 
         job = load_spec(path / C.SPEC_FILE)
+        if job.entrypoint is not None:
+            raise SourceError(f"{source}: the run ran a custom training function ({job.entrypoint.describe()}); kubetune does "
+                              "not know which model it saved", hint="serve the model directory your function saved (a folder with config.json), e.g. kubetune chat RUN/model")
         trust = job.model.trust_remote_code
         if (path / C.MERGED_DIR / "config.json").is_file():
             path = path / C.MERGED_DIR

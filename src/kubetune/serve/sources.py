@@ -160,6 +160,9 @@ def _from_run(source: str, run: Path, served: str | None) -> ServePlan:
     from ..spec import load_spec
 
     job = load_spec(run / C.SPEC_FILE)
+    if job.entrypoint is not None:
+        raise SourceError(f"{source}: the run ran a custom training function ({job.entrypoint.describe()}); kubetune does not "
+                          "know which model it saved", hint="serve the model directory your function saved (a folder with config.json), e.g. kubetune serve RUN/model")
     name = served or job.name
     for sub in (C.MERGED_DIR, C.MODEL_DIR):
         if (run / sub / "config.json").is_file():

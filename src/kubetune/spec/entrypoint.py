@@ -136,7 +136,10 @@ def check_custom_job(job: Any) -> None:
     """
     if job.entrypoint is None:
         return
-    unused = [k for k in ("method", "sweep") if k in job.model_fields_set]
+    if "sweep" in job.model_fields_set:
+        raise ValueError("sweep: sweeps over an entrypoint job are not supported yet; run one job per setting "
+                         "(--set entrypoint.args.NAME=VALUE --set name=...)")
+    unused = ["method"] if "method" in job.model_fields_set else []
     unused += [f"training.{k}" for k in sorted(job.training.model_fields_set - CUSTOM_TRAINING_FIELDS)]
     if job.output.merge:
         unused.append("output.merge")
