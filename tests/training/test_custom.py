@@ -216,6 +216,10 @@ def test_sdk_refuses_functions_that_cannot_travel(tmp_path):
         kubetune.train(func=lambda: 1)
     with pytest.raises(SpecError, match="not both"):
         kubetune.train("builtin://tiny-chat", "d.jsonl", func=sdk_main)
+    with pytest.raises(SpecError, match="give model and dataset"):
+        kubetune.train()
+    with pytest.raises(SpecError, match="func_args, packages and env go with func"):
+        kubetune.train("builtin://tiny-chat", "d.jsonl", packages=["numpy"])
 
 
 # --- the spec form -----------------------------------------------------------------------------------
