@@ -183,6 +183,8 @@ class JobStatus:
                 if data.get(k) is not None:
                     setattr(self, k, data[k])
             self.extra.update({k: data[k] for k in C.PREFERENCE_STATUS_KEYS if data.get(k) is not None})
+            if isinstance(data.get("metrics"), dict):  # a custom training function's own numbers (kubetune.report)
+                self.extra.setdefault("metrics", {}).update(data["metrics"])
         elif t == EventType.ERROR:
             self.reason = event.get("message", self.reason)
         elif t == EventType.DONE:

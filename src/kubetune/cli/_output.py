@@ -87,6 +87,8 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
 
     extra = data.get("extra") or {}
     rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
+    metrics = extra.get("metrics") if isinstance(extra.get("metrics"), dict) else {}  # kubetune.report(metrics=...)
+    rows += [(f"metrics.{k}", f"{v:.4g}" if isinstance(v, (int, float)) else str(v)) for k, v in metrics.items()]
     return rows
 
 
