@@ -111,3 +111,20 @@ def test_render_cli_does_not_import_torch(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_submitted_to_a_kfp_server_with_its_code_and_packages(tmp_path, kfp_api, monkeypatch):
+    """Remote mode against the KFP API double: nothing to upload, the run carries the code as a parameter."""
+    monkeypatch.setenv(C.ENV_KFP_TOKEN, "t")
+    kfp_api.token = "t"
+    spec = _spec(tmp_path, packages=["scikit-learn>=1.5"])
+    spec["kfp"] = {"mode": "remote", "host": kfp_api.url}
+    ref = Client("kfp", poll_seconds=0).submit(spec)
+    (create,) = kfp_api.calls("POST", "/apis/v2beta1/runs")
+    params = create.body["runtime_config"]["parameters"]
+    assert json.loads(params["entrypoint_code"]) == (tmp_path / "train.py").read_text()
+    assert json.loads(params["spec"])["entrypoint"]["args"] == {"tag": "in-kfp"} and params["run_dir"] == ""
+    ir = create.body["pipeline_spec"].get("pipeline_spec", create.body["pipeline_spec"])
+    command = " ".join(ir["deploymentSpec"]["executors"]["exec-custom"]["container"]["command"])
+    assert "scikit-learn>=1.5" in command
+    assert ref.extra["run_id"]
