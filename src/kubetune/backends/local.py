@@ -282,9 +282,25 @@ class LocalBackend:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[2]) == pgid and fields[0] != "Z":  # fields[2] is pgrp, fields[0] the state
+            if int(fields[2]) == pgid and (fields[0] != "Z" or _threads_exiting(entry)):  # fields[2] is pgrp, fields[0] the state
                 return True
         return False
+
+
+def _threads_exiting(proc: Path) -> bool:
+    """A process whose main thread is a zombie while its other threads (torch's, a user function's) still exit: they
+    share its open files, so it holds the run directory's lock until the last of them is gone."""
+    try:
+        tasks = list((proc / "task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def _record_end(run: RunDir, st: JobStatus, reason: str) -> JobStatus:
