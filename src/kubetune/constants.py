@@ -187,6 +187,8 @@ OCI_MEDIA_EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
 # --- kubernetes ---
 K8S_IMAGE_REPO = "ghcr.io/kubetune/kubetune"  # default worker image (deploy/Dockerfile), tagged with the package version
 K8S_CUDA_TAG_SUFFIX = "-cuda"  # tag suffix of the CUDA image (deploy/Dockerfile.cuda)
+# Resource-name prefix -> tag suffix of the image kubetune ships for it (deploy/Dockerfile.cuda, .rocm, .gaudi).
+K8S_ACCELERATOR_TAG_SUFFIXES = {"nvidia.com/": K8S_CUDA_TAG_SUFFIX, "amd.com/": "-rocm", "habana.ai/": "-gaudi"}
 K8S_SPEC_DIR = "/etc/kubetune"  # where the spec ConfigMap is mounted
 K8S_SPEC_KEY = "spec.yaml"  # the ConfigMap key holding the resolved spec
 K8S_SPEC_PATH = f"{K8S_SPEC_DIR}/{K8S_SPEC_KEY}"  # the worker's --spec inside every container
@@ -307,3 +309,16 @@ PREFERENCE_LOG_KEYS = {
 }
 # The preference metrics status.json carries (under its extra fields) and `kubetune status` shows.
 PREFERENCE_STATUS_KEYS = ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin")
+
+# --- accelerators and device telemetry (training/devices.py, training/telemetry.py) ---
+# Environment variables that narrow which accelerators a process sees; an error naming them helps when a pod
+# asked for devices and sees none.
+ACCELERATOR_VISIBILITY_ENV = (
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+)
+ENV_KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set by the kubelet in every pod: the worker runs in a cluster
+TELEMETRY_INTERVAL_S = 5.0  # seconds between two device samples (utilization, memory, power) during training
+ENV_TELEMETRY_INTERVAL = "KUBETUNE_TELEMETRY_INTERVAL"  # overrides it; 0 turns sampling off
+HL_SMI = "hl-smi"  # Intel Gaudi's management tool (device telemetry)
+ROCM_SMI = "rocm-smi"  # AMD's management tool, used when the amdsmi library is not installed

@@ -100,8 +100,9 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
                 pull_checkpoint(sync, run)  # verified after the download, like the local ones
         try:
-            from ...worker import prepare_data, set_cpu_threads
+            from ...worker import check_device, prepare_data, set_cpu_threads
 
+            check_device(job, run, is_main)
             threads = set_cpu_threads(job)
             if threads is not None:
                 _stage(run if is_main else None, C.STAGE_PREPARE, threads)

@@ -197,19 +197,21 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
 
 
 def shipped_image(job: TuneJob) -> str | None:
-    """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com), None where none ships."""
+    """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com, -rocm for amd.com,
+    -gaudi for habana.ai), None where none ships."""
     from ..._version import __version__
 
     r = job.resources
     if r.accelerators == 0:
         return f"{C.K8S_IMAGE_REPO}:{__version__}"
-    if r.accelerator_type.startswith("nvidia.com/"):
-        return f"{C.K8S_IMAGE_REPO}:{__version__}{C.K8S_CUDA_TAG_SUFFIX}"
+    for prefix, suffix in C.K8S_ACCELERATOR_TAG_SUFFIXES.items():
+        if r.accelerator_type.startswith(prefix):
+            return f"{C.K8S_IMAGE_REPO}:{__version__}{suffix}"
     return None
 
 
 def default_image(job: TuneJob) -> str:
-    """The worker image: the spec's, else the kubetune image of this version (-cuda for nvidia.com resources).
+    """The worker image: the spec's, else the kubetune image of this version for its accelerators (:func:`shipped_image`).
 
     Raises:
         SpecError: accelerators other than NVIDIA's and no ``kubernetes.image``.
@@ -218,8 +220,8 @@ def default_image(job: TuneJob) -> str:
     if image is None:
         raise SpecError(
             f"kubernetes.image: kubetune ships no image for {job.resources.accelerator_type}",
-            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=...) "
-            "and set kubernetes.image; see docs/kubernetes.md",
+            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=... "
+            "--build-arg INSTALL_TORCH=0) and set kubernetes.image; see docs/accelerators.md",
         )
     return image
 
