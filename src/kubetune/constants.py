@@ -208,6 +208,9 @@ K8S_KAITO_API_VERSION = "kaito.sh/v1beta1"  # the kaito flavour's Workspace (v1b
 K8S_KAITO_CONFIG_SUFFIX = "kaito-config"  # <job>-kaito-config: the ConfigMap of Kaito's training config
 K8S_KAITO_CONFIG_KEY = "training_config.yaml"  # the key Kaito reads from that ConfigMap
 K8S_KAITO_OUTPUT_DIR = "/mnt/output"  # TrainingArguments.output_dir: Kaito's results volume, pushed as the output image
+# `kubetune cluster check`: where a standalone or multi-user Kubeflow Pipelines install puts its API Service
+K8S_KFP_NAMESPACE = "kubeflow"
+K8S_KFP_SERVICE = "ml-pipeline"
 LABEL_FLAVOR = f"{LABEL_PREFIX}/flavor"  # job | pytorchjob | trainjob
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue LocalQueue admitting the workload
 ANNOTATION_CANCELLED = f"{LABEL_PREFIX}/cancelled"  # set by `kubetune cancel` before deleting
