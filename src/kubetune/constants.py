@@ -273,6 +273,8 @@ SERVE_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # default --max-request-bytes: large
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings
 DATA_CACHE_KEEP = 16  # prepared datasets kept in the cache (least recently used go first)
+PREPROCESS_CACHE_SUBDIR = "preprocessed"  # under CACHE_DIR: rows after dataset.preprocess, keyed by data + the code's content
+PREPROCESS_ROWS_FILE = "rows.jsonl"  # in a preprocessed entry: the function's rows, one JSON object a line
 ENV_MAX_ROW_BYTES = "KUBETUNE_MAX_ROW_BYTES"  # most bytes one dataset row may take (a bigger row stops the job)
 DATA_MAX_ROW_BYTES = 16 * 1024 * 1024  # default of the above: one row is read whole, then parsed and tokenized
 
