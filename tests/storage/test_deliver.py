@@ -49,6 +49,15 @@ def test_an_http_file_to_s3_is_verified_and_marked_complete(s3, http_server):
     assert _kubetune("deliver", f"{http_server.url}/train.jsonl", s3.uri("datasets/qa"), "-q").returncode == 0
 
 
+def test_a_delivered_prefix_delivers_on_without_its_old_marker(s3, http_server, tmp_path):
+    (http_server.root / "train.jsonl").write_bytes(b'{"text": "a"}\n')
+    deliver(f"{http_server.url}/train.jsonl", s3.uri("hop1"))
+    deliver(s3.uri("hop1"), str(tmp_path / "hop2"))
+    assert sorted(p.name for p in (tmp_path / "hop2").iterdir()) == [C.DELIVER_MARKER, "train.jsonl"]
+    assert list(json.loads((tmp_path / "hop2" / C.DELIVER_MARKER).read_text())["files"]) == ["train.jsonl"]
+    assert json.loads((tmp_path / "hop2" / C.DELIVER_MARKER).read_text())["source"] == s3.uri("hop1")
+
+
 def test_an_s3_folder_to_a_local_folder_arrives_whole(s3, tmp_path):
     src = tmp_path / "model"
     (src / "nested").mkdir(parents=True)

@@ -80,7 +80,12 @@ def deliver(
 
     cluster = connect(context=context)
     opts.namespace = namespace or cluster.namespace
-    run_job(cluster, render_job(src, dest, opts), typer.echo)
+    job = render_job(src, dest, opts)
+    try:
+        run_job(cluster, job, typer.echo)
+    except KeyboardInterrupt:
+        typer.echo(f"stopped following; job/{opts.name} keeps running: kubectl logs -f job/{opts.name} -n {opts.namespace}", err=True)
+        raise typer.Exit(130) from None
 
 
 def _image() -> str:

@@ -97,12 +97,14 @@ def deliver(src: str, dest: str, *, progress: bool = False, report: Callable[[st
 
 # --- the record --------------------------------------------------------------------------------
 def _manifest(path: Path) -> Manifest:
-    files = [(path, path.name)] if path.is_file() else list(walk_files(path))
-    return {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for p, rel in files}
+    return {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in _files(path).items()}
 
 
 def _files(path: Path) -> dict[str, Path]:
-    return {path.name: path} if path.is_file() else {rel: p for p, rel in walk_files(path)}
+    """The source's files by relative path; the marker of an earlier delivery is not content (a new one is written)."""
+    if path.is_file():
+        return {path.name: path}
+    return {rel: p for p, rel in walk_files(path) if rel != C.DELIVER_MARKER}
 
 
 def _folder_uri(uri: str, path: Path) -> str:
