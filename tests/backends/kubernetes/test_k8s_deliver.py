@@ -58,9 +58,10 @@ def test_render_refuses_what_would_leak_or_cannot_work():
     assert r.returncode == 2 and "a pod in the cluster cannot read" in r.stderr and "Traceback" not in r.stderr
 
 
-def _controller(double: ApiServerDouble, workdir: Path, secrets: dict, result: dict) -> None:
+def _controller(double: ApiServerDouble, workdir: Path, secrets: dict, result: dict, before: list) -> None:
     """Plays the Job controller and the kubelet: once the Job exists, its pod runs for real (PodExecutor), then the
-    pod, its log and the Job's end are reported through the API as a cluster would."""
+    pod, its log and the Job's end are reported through the API as a cluster would. ``before``: one callable per
+    attempt, run before it (a failed attempt is followed by the next one, as backoffLimit allows)."""
     deadline = time.time() + 120
     while time.time() < deadline and not double.names("batch/v1", "jobs", "default"):
         time.sleep(0.1)
@@ -68,24 +69,28 @@ def _controller(double: ApiServerDouble, workdir: Path, secrets: dict, result: d
     job = double.get("batch/v1", "jobs", "default", name)
     # the package under test, as this process imports it (a checkout other than the installed one, too)
     extra = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-    (pod,) = PodExecutor([job], workdir=workdir, secrets=secrets, bin_dirs=[BIN], extra_env=extra, timeout=240).run()
-    result["pod"] = pod
-    code = 0 if pod.ok else 1
-    state = {"terminated": {"exitCode": code, "reason": "Completed" if pod.ok else "Error"}}
-    double.add_pod("default", make_pod(f"{name}-abcde", job["spec"]["template"]["metadata"]["labels"], main=C.K8S_DELIVER_CONTAINER,
-                                       phase="Succeeded" if pod.ok else "Failed", main_state=state, owner=job),
-                   logs={C.K8S_DELIVER_CONTAINER: pod.output(C.K8S_DELIVER_CONTAINER)})
-    time.sleep(1.0)  # the CLI sees the pod's end before the Job's, as it may on a cluster
+    result["pods"] = []
+    for attempt, prepare in enumerate(before or [lambda: None], start=1):
+        prepare()
+        (pod,) = PodExecutor([job], workdir=workdir / f"attempt-{attempt}", secrets=secrets, bin_dirs=[BIN], extra_env=extra, timeout=240).run()
+        result["pods"].append(pod)
+        state = {"terminated": {"exitCode": 0 if pod.ok else 1, "reason": "Completed" if pod.ok else "Error"}}
+        double.add_pod("default", make_pod(f"{name}-{attempt}", job["spec"]["template"]["metadata"]["labels"], main=C.K8S_DELIVER_CONTAINER,
+                                           phase="Succeeded" if pod.ok else "Failed", main_state=state, owner=job),
+                       logs={C.K8S_DELIVER_CONTAINER: pod.output(C.K8S_DELIVER_CONTAINER)})
+        time.sleep(1.0)  # the CLI sees the pod's end before the Job's (or the next pod), as it may on a cluster
+        if pod.ok:
+            break
     cond = {"type": "Complete", "status": "True"} if pod.ok else {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                                                                   "message": "Job has reached the specified backoff limit"}
     double.set_status("batch/v1", "jobs", "default", name, {"succeeded" if pod.ok else "failed": 1, "conditions": [cond]})
 
 
-def _deliver_in_cluster(tmp_path, s3, src: str, dest: str):
+def _deliver_in_cluster(tmp_path, s3, src: str, dest: str, before: list | None = None):
     double = ApiServerDouble().start()
     result: dict = {}
     secrets = {SECRET: {"AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": s3.secret}}
-    thread = threading.Thread(target=_controller, args=(double, tmp_path / "cluster", secrets, result), daemon=True)
+    thread = threading.Thread(target=_controller, args=(double, tmp_path / "cluster", secrets, result, before or []), daemon=True)
     thread.start()
     try:
         env = {"KUBECONFIG": str(double.kubeconfig(tmp_path / "kubeconfig"))}
@@ -97,13 +102,13 @@ def _deliver_in_cluster(tmp_path, s3, src: str, dest: str):
         created = double.get("batch/v1", "jobs", "default", double.names("batch/v1", "jobs", "default")[0])
     finally:
         double.stop()
-    return r, created, result["pod"]
+    return r, created, result["pods"]
 
 
 def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server, tmp_path):  # noqa: F811
     body = b"".join(b'{"text": "row %d"}\n' % i for i in range(5000))
     (http_server.root / "corpus.jsonl").write_bytes(body)
-    r, job, pod = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/corpus.jsonl", s3.uri("datasets/corpus"))
+    r, job, (pod,) = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/corpus.jsonl", s3.uri("datasets/corpus"))
     assert pod.ok, pod.describe()
     assert r.returncode == 0, r.stderr
     assert s3.secret not in json.dumps(job)  # the key reached the pod through the Secret only
@@ -118,10 +123,24 @@ def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server
 
 
 def test_a_failed_job_is_one_error_after_its_log(s3, http_server, tmp_path):  # noqa: F811
-    r, job, pod = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/missing.jsonl", s3.uri("datasets/none"))
+    r, job, (pod,) = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/missing.jsonl", s3.uri("datasets/none"))
     assert not pod.ok
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"job/{job['metadata']['name']} failed in namespace default: BackoffLimitExceeded" in r.stderr
     assert "404" in r.stdout  # the pod's own error line, from its log
     listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="datasets/none/").get("Contents", [])
     assert not listed  # nothing was written, and no marker claims otherwise
+
+
+def test_a_failed_attempt_is_followed_by_the_next_pod(s3, http_server, tmp_path):  # noqa: F811
+    """The first pod finds no file yet and fails; the Job starts another (backoffLimit), which delivers it."""
+    late = http_server.root / "late.jsonl"
+    r, job, pods = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/late.jsonl", s3.uri("datasets/late"),
+                                       before=[lambda: None, lambda: late.write_bytes(b'{"text": "here now"}\n')])
+    assert [p.ok for p in pods] == [False, True]
+    assert r.returncode == 0, r.stderr
+    name = job["metadata"]["name"]
+    first, second = r.stdout.index("404"), r.stdout.index(f"attempt 2: pod {name}-2")
+    assert first < second < r.stdout.index("deliver: complete: ")
+    assert r.stdout.count(f"deliver: fetching {http_server.url}/late.jsonl") == 2  # once per attempt, never repeated
+    assert s3.client.get_object(Bucket=s3.bucket, Key="datasets/late/late.jsonl")["Body"].read() == b'{"text": "here now"}\n'
