@@ -113,12 +113,13 @@ def _print_check(report: dict) -> None:
     for c in report["components"]:
         t.add_row(c["name"], _mark(c["installed"]), c["api"] or c.get("note") or "-", c["enables"])
     out.print(t)
-    t = Table("flavour", "available", "you may create it", box=None, pad_edge=False)
+    t = Table("flavour", "available", "you may create it", "note", box=None, pad_edge=False)
     for f in report["flavours"]:
         may = _mark(f["allowed"]) if f["available"] else "-"
         if f["missing"]:
             may += " (missing: " + ", ".join(f["missing"]) + ")"
-        t.add_row(f["flavour"], _mark(f["available"]) + ("" if f["available"] or "needs" not in f else f" (needs {f['needs']})"), may)
+        t.add_row(f["flavour"], _mark(f["available"]) + ("" if f["available"] or "needs" not in f else f" (needs {f['needs']})"), may,
+                  f.get("note") or "")
     out.print(t)
     t = Table("feature", "available", "note", box=None, pad_edge=False)
     for f in report["features"]:

@@ -14,6 +14,7 @@ kubeconfig) at this small threaded HTTP server on 127.0.0.1. It speaks only the 
     /apis (discovery: the APIGroupList of the built-in groups and the installed CRDs' groups)
     /apis/{group}/{version} (discovery: the APIResourceList of a served group)
     /apis/authorization.k8s.io/v1/selfsubjectaccessreviews (create: allowed unless (verb, resource) is forbidden)
+    /apis/{group}/{version}/{clusterqueues|clustertrainingruntimes}[/{name}] (cluster-scoped: get and list)
 
 with create (POST), get and list (GET, equality label selectors), merge-patch (PATCH) and delete (DELETE,
 with owner-reference garbage collection), bearer-token auth, and the API server's error shapes: 401, 403
@@ -59,12 +60,14 @@ KNOWN = {
     # what `kubetune cluster check` discovers
     ("kueue.x-k8s.io/v1beta1", "clusterqueues"): "ClusterQueue",
     ("kaito.sh/v1beta1", "workspaces"): "Workspace",
+    ("trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes"): "ClusterTrainingRuntime",
     ("pipelines.kubeflow.org/v2beta1", "pipelines"): "Pipeline",
 }
 CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1", "kueue.x-k8s.io/v1beta1")  # installed by default
 OPTIONAL_GROUPS = ("kaito.sh/v1beta1", "pipelines.kubeflow.org/v2beta1")  # installed when a test names them in crds
 BUILTIN_GROUPS = ("batch/v1", "rbac.authorization.k8s.io/v1", "authorization.k8s.io/v1")
-_CLUSTER_SCOPED = {"clusterqueues"}
+_CLUSTER_SCOPED = {"clusterqueues", "clustertrainingruntimes"}
+_CLUSTER_PATH = re.compile(r"^/apis/(?P<group>[^/]+/[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
 _DISCOVERY = re.compile(r"^/apis(?:/(?P<group>[^/]+)/(?P<version>[^/]+))?/?$")
 _SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
@@ -159,9 +162,9 @@ class ApiServerDouble:
         return pod
 
     def add_object(self, gv: str, plural: str, ns: str, obj: dict) -> None:
-        """Store an object some other installer created (the KFP API Service, a LocalQueue)."""
+        """Store an object some other installer created (the KFP API Service, a LocalQueue; ns "": cluster-scoped)."""
         obj = copy.deepcopy(obj)
-        obj.setdefault("metadata", {}).update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=self._timestamp())
+        obj.setdefault("metadata", {}).update(uid=str(uuid.uuid4()), creationTimestamp=self._timestamp(), **({"namespace": ns} if ns else {}))
         obj["apiVersion"], obj["kind"] = gv, KNOWN[(gv, plural)]
         with self.lock:
             self.store[(gv, plural, ns, obj["metadata"]["name"])] = obj
@@ -184,6 +187,9 @@ class ApiServerDouble:
         if nsm:
             return self._namespace(method, nsm.group("name"), body)
         m = _PATH.match(path)
+        cm = None if m else _CLUSTER_PATH.match(path)
+        if cm and method == "GET" and cm.group("plural") in _CLUSTER_SCOPED:
+            return self._cluster_scoped(cm.group("group"), cm.group("plural"), cm.group("name"))
         if not m:
             return 404, "text/plain", b"404 page not found\n"
         gv = m.group("group") or CORE
@@ -256,6 +262,22 @@ class ApiServerDouble:
             for (g, plural), kind in KNOWN.items() if g == gv
         ]
         return 200, "application/json", json.dumps({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}).encode()
+
+    def _cluster_scoped(self, gv: str, plural: str, name: str | None):
+        """Get or list a cluster-scoped custom object (stored under namespace "")."""
+        if gv in CRD_GROUPS + OPTIONAL_GROUPS and gv not in self.crds:
+            return 404, "text/plain", b"404 page not found\n"
+        verb = "get" if name else "list"
+        self.calls.add((verb, gv.rpartition("/")[0], plural))
+        if (verb, plural) in self.forbidden:
+            return _status(403, "Forbidden", f'{plural} is forbidden: User "tester" cannot {verb} resource "{plural}" at the cluster scope')
+        with self.lock:
+            if name:
+                obj = self.store.get((gv, plural, "", name))
+                return (200, "application/json", json.dumps(obj).encode()) if obj else _not_found(plural, name)
+            items = [o for (g, p, n, _), o in sorted(self.store.items()) if (g, p, n) == (gv, plural, "")]
+        doc = {"apiVersion": gv, "kind": KNOWN[(gv, plural)] + "List", "metadata": {"resourceVersion": "1"}, "items": items}
+        return 200, "application/json", json.dumps(doc).encode()
 
     def _review(self, review: dict):
         """A SelfSubjectAccessReview: allowed unless the test made (verb, resource[/subresource]) forbidden."""

@@ -23,6 +23,7 @@ def full():
     d = _double(EVERYTHING)
     d.add_object("v1", "services", "kubeflow", {"metadata": {"name": "ml-pipeline"}, "spec": {"ports": [{"port": 8888}]}})
     d.add_object("kueue.x-k8s.io/v1beta1", "localqueues", "team-a", {"metadata": {"name": "gpu"}, "spec": {"clusterQueue": "cq"}})
+    d.add_object("trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes", "", {"metadata": {"name": "torch-distributed"}})
     yield d
     d.stop()
 
@@ -45,6 +46,7 @@ def test_a_full_cluster_enables_every_flavour_and_feature(full, tmp_path):
     assert {n: c["installed"] for n, c in components.items()} == {
         "Kubeflow Trainer": True, "Kubeflow training-operator": True, "Kaito": True, "Kueue": True, "Kubeflow Pipelines": True}
     assert components["Kubeflow Trainer"]["api"] == "trainer.kubeflow.org/v1alpha1"
+    assert components["Kubeflow Trainer"]["runtimes"] == ["torch-distributed"]
     assert components["Kubeflow Pipelines"]["api"] == "service/ml-pipeline in kubeflow"
     flavours = _by(report["flavours"], "flavour")
     assert {f: (v["available"], v["allowed"]) for f, v in flavours.items()} == {
@@ -119,3 +121,17 @@ def test_bad_credentials_and_bad_options_exit_2_without_traceback(full, tmp_path
     assert r.returncode == 2 and "401 Unauthorized" in r.stderr and "Traceback" not in r.stderr
     r = _check(full, tmp_path, "-o", "xml")
     assert r.returncode == 2 and "-o/--output" in r.stderr
+
+
+def test_trainer_without_its_default_runtime_is_noted(tmp_path):
+    d = _double(EVERYTHING)
+    d.add_object("trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes", "", {"metadata": {"name": "my-torch"}})
+    try:
+        r = _check(d, tmp_path, "-o", "json")
+        table = _check(d, tmp_path)
+    finally:
+        d.stop()
+    trainjob = _by(json.loads(r.stdout)["flavours"], "flavour")["trainjob"]
+    assert trainjob["available"] is True  # a spec may name its own runtime
+    assert "no ClusterTrainingRuntime torch-distributed" in trainjob["note"] and "(my-torch)" in trainjob["note"]
+    assert "no ClusterTrainingRuntime torch-distributed" in next(line for line in table.stdout.splitlines() if line.startswith("trainjob"))

@@ -57,8 +57,9 @@ def check(cluster: Cluster, namespace: str) -> dict:
 
     Returns:
         ``{"cluster", "namespace", "components": [...], "flavours": [...], "features": [...]}``: per component
-        ``installed`` (True/False/None for unknown) and ``api``; per flavour ``available`` and ``allowed``
-        (True/False/None) with the ``missing`` permissions; per feature ``available`` and a ``note``.
+        ``installed`` (True/False/None for unknown) and ``api`` (Kubeflow Trainer: its ``runtimes`` too); per
+        flavour ``available`` and ``allowed`` (True/False/None) with the ``missing`` permissions and a ``note``
+        where something else is missing; per feature ``available`` and a ``note``.
 
     Raises:
         BackendError: 401, an unreachable API server, or discovery refused.
@@ -67,12 +68,13 @@ def check(cluster: Cluster, namespace: str) -> dict:
     components = [_component(cluster, c, served) for c in COMPONENTS]
     components.append(_kfp(cluster, served))
     installed = {c["name"]: c["installed"] for c in components}
+    notes = {"trainjob": _runtimes(cluster, components[0])} if installed["Kubeflow Trainer"] else {}
     flavours = []
     for flavour, (needs, rules) in FLAVOUR_NEEDS.items():
         available = True if needs is None else installed[needs]
         allowed, missing = _may(cluster, namespace, rules) if available else (None, [])
         flavours.append({"flavour": flavour, "available": available, "allowed": allowed, "missing": missing,
-                         **({"needs": needs} if needs else {})})
+                         **({"needs": needs} if needs else {}), **({"note": notes[flavour]} if notes.get(flavour) else {})})
     features = [_queues(cluster, namespace, installed["Kueue"], served), _kfp_feature(components[-1])]
     return {"cluster": cluster.host, "namespace": namespace, "components": components, "flavours": flavours, "features": features}
 
@@ -116,6 +118,25 @@ def _component(cluster: Cluster, c: Component, served: dict[str, list[str]]) -> 
     if unknown:
         row["installed"] = None
     return row
+
+
+def _runtimes(cluster: Cluster, trainer: dict) -> str | None:
+    """The trainjob flavour references a ClusterTrainingRuntime (``torch-distributed`` unless the spec names
+    another): list them onto the component's row; a note when the default one is missing."""
+    group, version = trainer["api"].split("/")
+    try:
+        with api_call(cluster, "list", "clustertrainingruntimes", namespace="-"):
+            doc = cluster.custom().list_cluster_custom_object(group, version, "clustertrainingruntimes")
+    except BackendError as e:
+        if _status(e) not in (403, 404):
+            raise
+        return "its ClusterTrainingRuntimes could not be listed"
+    names = sorted(i["metadata"]["name"] for i in doc.get("items") or [])
+    trainer["runtimes"] = names
+    if C.K8S_TRAINJOB_RUNTIME not in names:
+        return (f"no ClusterTrainingRuntime {C.K8S_TRAINJOB_RUNTIME} (the default kubernetes.trainjob.runtime): install Trainer's "
+                "runtimes, or name one of yours" + (f" ({', '.join(names)})" if names else ""))
+    return None
 
 
 def _kfp(cluster: Cluster, served: dict[str, list[str]]) -> dict:
