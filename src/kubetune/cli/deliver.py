@@ -52,8 +52,11 @@ def deliver(
         given = [flag for flag, value in kube_only.items() if value]
         if given:
             raise SpecError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --backend kubernetes", hint="add --backend kubernetes, or drop them")
+        from ..storage._common import set_progress_display
         from ..storage.deliver import deliver as run_local
 
+        if not _stderr_is_terminal():  # a pod's log, CI, a file: a byte-progress line every few seconds, not a bar drawn once
+            set_progress_display(None)
         run_local(src, dest, progress=not quiet, report=typer.echo)
         return
 
@@ -86,6 +89,15 @@ def deliver(
     except KeyboardInterrupt:
         typer.echo(f"stopped following; job/{opts.name} keeps running: kubectl logs -f job/{opts.name} -n {opts.namespace}", err=True)
         raise typer.Exit(130) from None
+
+
+def _stderr_is_terminal() -> bool:
+    import sys
+
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _image() -> str:

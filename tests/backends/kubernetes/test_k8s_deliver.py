@@ -117,6 +117,8 @@ def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server
     for line in (f"deliver: fetching {http_server.url}/corpus.jsonl", "deliver: verified 1 file(s)", "deliver: complete: "):
         assert line in r.stdout
     assert r.stdout.count("deliver: complete: ") == 1  # each log line once, though the log was read repeatedly
+    mib = f"{len(body) / 2**20:.1f} MiB"
+    assert f"fetch {http_server.url}/corpus.jsonl: {mib} of {mib}" in r.stdout  # byte progress as log lines, not a bar
     assert s3.client.get_object(Bucket=s3.bucket, Key="datasets/corpus/corpus.jsonl")["Body"].read() == body
     marker = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=f"datasets/corpus/{C.DELIVER_MARKER}")["Body"].read())
     assert marker["files"]["corpus.jsonl"]["size"] == len(body)
