@@ -160,3 +160,45 @@ def test_the_spec_field(tmp_path):
                          ({"file": "p.py", "extra": 1}, "extra")]:
         with pytest.raises(SpecError, match=message):
             load_spec({"name": "x", "model": {"source": "builtin://tiny-chat"}, "dataset": {"source": "x.jsonl", "preprocess": bad}})
+
+
+# --- through a real worker (local backend) ----------------------------------------------------------
+KEEP_ODD = """
+def transform(rows):
+    for i, row in enumerate(rows):
+        if i % 2:
+            yield row
+"""
+
+
+def _run_local(job: dict):
+    from kubetune import Client
+
+    client = Client("local")
+    ref = client.submit(job)
+    status = client.wait(ref, timeout=400)
+    return status, Path(ref.run_dir)
+
+
+@pytest.mark.slow
+def test_a_local_job_trains_on_the_preprocessed_rows(tiny_job, tmp_path, capitals):
+    code = _code(tmp_path / "prep.py", body=KEEP_ODD)
+    job = tiny_job(dataset={"source": str(capitals), "eval_split": 0.0, "preprocess": {"file": str(code), "function": "transform"}},
+                   training={"max_steps": 2, "save_steps": 2})
+    status, run = _run_local(job)
+    assert status.state == "succeeded", (status.reason, (run / "logs" / "worker.log").read_text()[-3000:])
+    total = len(capitals.read_text().splitlines())
+    assert json.loads((run / "result.json").read_text())["data"]["rows"] == total // 2
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    said = [e["message"] for e in events if e["type"] == "stage"]
+    assert any(m.startswith(f"preprocessed {capitals} with prep.py:transform: {total} rows in, {total // 2} rows out") for m in said)
+
+
+@pytest.mark.slow
+def test_a_local_job_whose_function_fails_says_so_in_one_line(tiny_job, tmp_path, capitals):
+    code = _code(tmp_path / "prep.py", body="def transform(rows):\n    raise ValueError('no rows for you')\n")
+    status, run = _run_local(tiny_job(dataset={"source": str(capitals), "preprocess": {"file": str(code), "function": "transform"}}))
+    assert status.state == "failed"
+    assert status.reason.splitlines()[0] == "dataset.preprocess: prep.py:transform raised ValueError: no rows for you"
+    log = (run / "logs" / "worker.log").read_text()
+    assert "Traceback (most recent call last)" in log and "raise ValueError('no rows for you')" in log
