@@ -67,12 +67,10 @@ def _controller(double: ApiServerDouble, workdir: Path, secrets: dict, result: d
         time.sleep(0.1)
     (name,) = double.names("batch/v1", "jobs", "default")
     job = double.get("batch/v1", "jobs", "default", name)
-    # the package under test, as this process imports it (a checkout other than the installed one, too)
-    extra = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
     result["pods"] = []
     for attempt, prepare in enumerate(before or [lambda: None], start=1):
         prepare()
-        (pod,) = PodExecutor([job], workdir=workdir / f"attempt-{attempt}", secrets=secrets, bin_dirs=[BIN], extra_env=extra, timeout=240).run()
+        (pod,) = PodExecutor([job], workdir=workdir / f"attempt-{attempt}", secrets=secrets, bin_dirs=[BIN], timeout=240).run()
         result["pods"].append(pod)
         state = {"terminated": {"exitCode": 0 if pod.ok else 1, "reason": "Completed" if pod.ok else "Error"}}
         double.add_pod("default", make_pod(f"{name}-{attempt}", job["spec"]["template"]["metadata"]["labels"], main=C.K8S_DELIVER_CONTAINER,

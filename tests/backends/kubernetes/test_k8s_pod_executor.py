@@ -192,9 +192,7 @@ def test_tiny_job_runs_its_staged_preprocess_code_in_the_pod(s3, capitals, tmp_p
     stage_inputs(job)
     assert s3.client.get_object(Bucket=s3.bucket, Key="staging/tiny-k8s/preprocess/prep.py")["Body"].read() == code.read_bytes()
     objects = render(job, "job")
-    # the package under test, as this process imports it (a checkout other than the installed one, too)
-    extra = {**OFFLINE, **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {})}
-    (pod,) = PodExecutor(objects, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=extra, timeout=500).run()
+    (pod,) = PodExecutor(objects, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=OFFLINE, timeout=500).run()
     assert pod.ok, pod.describe()
     total = len(capitals.read_text().splitlines())
     # (the executor runs the pod's paths under its volume folders: /workspace/data is pod.host_path of it)
