@@ -6,6 +6,7 @@ the command runs, and ``--render`` needs none of them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -74,15 +75,14 @@ def deliver(
         from ..backends.kubernetes.render import render_text
 
         fmt = check_output_format(output, ("yaml", "json"))
-        opts.namespace = namespace or "default"
         typer.echo(render_text([render_job(src, dest, opts)], fmt), nl=False)
         return
-    render_job(src, dest, DeliverOptions(**{**opts.__dict__, "namespace": "default"}))  # option mistakes before connecting
+    render_job(src, dest, opts)  # mistakes in the options end it before any connection
     from ..backends.kubernetes.api import connect
     from ..backends.kubernetes.deliver import run as run_job
 
     cluster = connect(context=context)
-    opts.namespace = namespace or cluster.namespace
+    opts = replace(opts, namespace=namespace or cluster.namespace)
     job = render_job(src, dest, opts)
     try:
         run_job(cluster, job, typer.echo)

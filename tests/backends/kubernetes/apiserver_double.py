@@ -244,6 +244,8 @@ class ApiServerDouble:
     def _discovery(self, group: str | None, version: str | None):
         """``/apis``: the served groups; ``/apis/GROUP/VERSION``: that group's resources (404 when not served)."""
         self.calls.add(("get", "", "discovery"))
+        if ("get", "discovery") in self.forbidden:
+            return _status(403, "Forbidden", 'forbidden: User "tester" cannot get path "/apis"')
         if group is None:
             groups = []
             for gv in self._served():

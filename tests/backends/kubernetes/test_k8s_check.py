@@ -119,6 +119,9 @@ def test_bad_credentials_and_bad_options_exit_2_without_traceback(full, tmp_path
     cfg = str(full.kubeconfig(tmp_path / "kc", token="wrong"))
     r = run_kubetune("cluster", "check", env={"KUBECONFIG": cfg})
     assert r.returncode == 2 and "401 Unauthorized" in r.stderr and "Traceback" not in r.stderr
+    full.forbidden.add(("get", "discovery"))
+    r = _check(full, tmp_path)
+    assert r.returncode == 2 and "refused its list of API groups (/apis)" in r.stderr and "system:discovery" in r.stderr
     r = _check(full, tmp_path, "-o", "xml")
     assert r.returncode == 2 and "-o/--output" in r.stderr
 

@@ -46,6 +46,11 @@ def test_render_is_a_valid_job_with_secret_references_only():
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio.minio:9000"
     assert pod["volumes"] == [{"name": "workspace", "emptyDir": {"sizeLimit": "100Gi"}}] and pod["restartPolicy"] == "Never"
+    # without -n the Job names no namespace: kubectl apply puts it in the current one
+    r = run_kubetune("deliver", "hf://org/model", "s3://models/org-model", "--backend", "kubernetes", "--render", "-o", "json")
+    (job,) = json.loads(r.stdout)["items"]
+    assert "namespace" not in job["metadata"] and job["metadata"]["name"].startswith("deliver-")
+    validate_all([job])
 
 
 def test_render_refuses_what_would_leak_or_cannot_work():

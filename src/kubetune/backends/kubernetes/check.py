@@ -84,8 +84,16 @@ def _served_groups(cluster: Cluster) -> dict[str, list[str]]:
     """API group -> its served versions, the preferred one first."""
     from kubernetes import client
 
-    with api_call(cluster, "get", "API groups (discovery)", namespace="-"):
-        groups = cluster.to_dict(client.ApisApi(cluster.api).get_api_versions())
+    try:
+        with api_call(cluster, "get", "API groups (discovery)", namespace="-"):
+            groups = cluster.to_dict(client.ApisApi(cluster.api).get_api_versions())
+    except BackendError as e:
+        if _status(e) != 403:
+            raise
+        raise BackendError(
+            f"forbidden: the API server at {cluster.host} refused its list of API groups (/apis) to you",
+            hint="every authenticated user may read it by default (ClusterRole system:discovery); ask a cluster admin",
+        ) from e.__cause__
     out = {}
     for g in groups.get("groups") or []:
         preferred = (g.get("preferredVersion") or {}).get("version")

@@ -38,7 +38,7 @@ class DeliverOptions:
     """What the Job needs besides SRC and DEST (the CLI's options)."""
 
     name: str
-    namespace: str
+    namespace: str  # "": none in the object (a render without -n: kubectl apply uses the current namespace)
     image: str
     secrets: list[str] = field(default_factory=list)  # envFrom: every key of each Secret
     secret_env: list[str] = field(default_factory=list)  # VAR=SECRET[:KEY]: one variable from one key
@@ -116,7 +116,7 @@ def render_job(src: str, dest: str, opts: DeliverOptions) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": opts.name, "namespace": opts.namespace, "labels": dict(labels)},
+        "metadata": {"name": opts.name, **({"namespace": opts.namespace} if opts.namespace else {}), "labels": dict(labels)},
         "spec": {
             "backoffLimit": opts.retries,
             "ttlSecondsAfterFinished": C.K8S_DELIVER_TTL_S,
