@@ -16,13 +16,15 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     """Add the ``cluster`` command group to the main ``kubetune`` app."""
+    from ._output import PlainHelpCommand
+
     group = typer.Typer(
         help="Set a cluster namespace up for kubetune (cluster init), or see what a cluster offers it (cluster check).",
         no_args_is_help=True,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     group.command("init")(init)
-    group.command("check")(check)
+    group.command("check", cls=PlainHelpCommand)(check)
     app.add_typer(group, name="cluster")
 
 
@@ -80,9 +82,9 @@ def check(
     context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context (default: the current one)."),
     output: str = typer.Option("table", "-o", "--output", help="table, json or yaml."),
 ) -> None:
-    """List which of Kubeflow Trainer, the training-operator, Kaito, Kueue and Kubeflow Pipelines the cluster has,
-    which kubetune flavours and features that enables, and whether you may create what each flavour needs in the
-    namespace (SelfSubjectAccessReview). Reads only; exit code 2 for 401 or an unreachable cluster.
+    """List which of Kubeflow Trainer, the training-operator, Kaito, Kueue and Kubeflow Pipelines the cluster has, which kubetune flavours and features that enables, and whether you may create what each flavour needs in the namespace.
+
+    Reads only (API discovery, the KFP Service, the namespace's LocalQueues, SelfSubjectAccessReviews). Exit code 2 for 401 or an unreachable cluster.
     """
     from ._output import check_output_format, print_data
 

@@ -16,7 +16,9 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     """Add ``deliver`` to the main ``kubetune`` app."""
-    app.command("deliver")(deliver)
+    from ._output import PlainHelpCommand
+
+    app.command("deliver", cls=PlainHelpCommand)(deliver)
 
 
 def deliver(
@@ -39,8 +41,7 @@ def deliver(
 ) -> None:
     """Copy SRC to DEST and verify it (sizes and checksums); DEST is marked complete only after that.
 
-    DEST is a folder, a prefix or a tag: a single-file SRC lands at DEST/NAME. Exit code 2 for a mistake, an
-    unreachable source or destination, a failed verification, or a failed Job.
+    DEST is a folder, a prefix or a tag: a single-file SRC lands at DEST/NAME. Exit code 2 for a mistake, an unreachable source or destination, a failed verification, or a failed Job.
     """
     from .. import constants as C
     from ..errors import SpecError
