@@ -90,7 +90,7 @@ class DatasetSourceSpec(_Section):
 
 
 class PreprocessSpec(_Section):
-    """A Python function applied to the fetched rows before they are prepared (docs/datasets.md#preprocess)."""
+    """A Python function applied to the fetched rows before they are prepared (docs/datasets.md#preprocessing-rows-with-your-own-code)."""
 
     file: str = Field(
         description="The Python file that defines the function: a local path (relative to the spec file; staged with the job "

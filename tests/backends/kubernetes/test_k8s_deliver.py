@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -16,7 +15,6 @@ import yaml
 
 from kubetune import constants as C
 
-from _support.fixtures_servers import http_server  # noqa: F401  (pytest fixture)
 from _support.pod_executor import PodExecutor
 
 from .apiserver_double import ApiServerDouble, make_pod
@@ -108,7 +106,7 @@ def _deliver_in_cluster(tmp_path, s3, src: str, dest: str, before: list | None =
     return r, created, result["pods"]
 
 
-def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server, tmp_path):  # noqa: F811
+def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server, tmp_path):
     body = b"".join(b'{"text": "row %d"}\n' % i for i in range(5000))
     (http_server.root / "corpus.jsonl").write_bytes(body)
     r, job, (pod,) = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/corpus.jsonl", s3.uri("datasets/corpus"))
@@ -127,7 +125,7 @@ def test_the_job_runs_the_copy_and_the_cli_follows_it_to_the_end(s3, http_server
     assert marker["files"]["corpus.jsonl"]["size"] == len(body)
 
 
-def test_a_failed_job_is_one_error_after_its_log(s3, http_server, tmp_path):  # noqa: F811
+def test_a_failed_job_is_one_error_after_its_log(s3, http_server, tmp_path):
     r, job, (pod,) = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/missing.jsonl", s3.uri("datasets/none"))
     assert not pod.ok
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -137,7 +135,7 @@ def test_a_failed_job_is_one_error_after_its_log(s3, http_server, tmp_path):  # 
     assert not listed  # nothing was written, and no marker claims otherwise
 
 
-def test_a_failed_attempt_is_followed_by_the_next_pod(s3, http_server, tmp_path):  # noqa: F811
+def test_a_failed_attempt_is_followed_by_the_next_pod(s3, http_server, tmp_path):
     """The first pod finds no file yet and fails; the Job starts another (backoffLimit), which delivers it."""
     late = http_server.root / "late.jsonl"
     r, job, pods = _deliver_in_cluster(tmp_path, s3, f"{http_server.url}/late.jsonl", s3.uri("datasets/late"),
