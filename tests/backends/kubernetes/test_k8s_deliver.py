@@ -147,3 +147,31 @@ def test_a_failed_attempt_is_followed_by_the_next_pod(s3, http_server, tmp_path)
     assert first < second < r.stdout.index("deliver: complete: ")
     assert r.stdout.count(f"deliver: fetching {http_server.url}/late.jsonl") == 2  # once per attempt, never repeated
     assert s3.client.get_object(Bucket=s3.bucket, Key="datasets/late/late.jsonl")["Body"].read() == b'{"text": "here now"}\n'
+
+
+def test_a_pod_that_cannot_start_is_reported_while_the_job_waits(tmp_path):
+    """An image that cannot be pulled keeps the Job pending (it never fails by itself): the CLI says why, once."""
+    double = ApiServerDouble().start()
+
+    def kubelet() -> None:
+        while not double.names("batch/v1", "jobs", "default"):
+            time.sleep(0.05)
+        (name,) = double.names("batch/v1", "jobs", "default")
+        job = double.get("batch/v1", "jobs", "default", name)
+        waiting = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example/kubetune:nope"'}}
+        double.add_pod("default", make_pod(f"{name}-1", job["spec"]["template"]["metadata"]["labels"], main=C.K8S_DELIVER_CONTAINER,
+                                           phase="Pending", main_state=waiting, owner=job))
+        time.sleep(3)  # the CLI polls a few times meanwhile
+        double.set_status("batch/v1", "jobs", "default", name, {"failed": 1, "conditions": [
+            {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}]})
+
+    thread = threading.Thread(target=kubelet, daemon=True)
+    thread.start()
+    try:
+        r = run_kubetune("deliver", "hf://org/model", "s3://models/m", "--backend", "kubernetes", "--image", "registry.example/kubetune:nope",
+                         env={"KUBECONFIG": str(double.kubeconfig(tmp_path / "kubeconfig"))})
+    finally:
+        double.stop()
+    assert r.returncode == 2 and "DeadlineExceeded" in r.stderr
+    said = [line for line in r.stdout.splitlines() if "is waiting" in line]
+    assert len(said) == 1 and said[0].endswith('is waiting: ImagePullBackOff: Back-off pulling image "registry.example/kubetune:nope"')

@@ -139,12 +139,19 @@ def run(cluster: Cluster, job: dict, echo: Callable[[str], None], *, poll: float
     echo(f"job/{name} created in namespace {ns}; following its pods' logs")
     printed: dict[str, int] = {}  # pod -> log lines printed (a log read again is not printed twice)
     done: set[str] = set()  # pods whose container ended and whose log was printed to the end
+    waiting: dict[str, str] = {}  # pod -> the last waiting reason said (said again only when it changes)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         status = _job_status(cluster, ns, name)
         for pod in _pods(cluster, ns, name):
             pname = pod["metadata"]["name"]
-            if pname in done or not _started(pod):
+            if pname in done:
+                continue
+            if not _started(pod):
+                why = _waiting(pod)
+                if why and waiting.get(pname) != why:  # an image that cannot be pulled keeps a Job pending, never failed
+                    echo(f"pod {pname} is waiting: {why}")
+                    waiting[pname] = why
                 continue
             if pname not in printed and printed:
                 echo(f"attempt {len(printed) + 1}: pod {pname}")
@@ -205,6 +212,17 @@ def _container_state(pod: dict) -> dict:
 def _started(pod: dict) -> bool:
     state = _container_state(pod)
     return bool(state.get("running") or state.get("terminated"))
+
+
+def _waiting(pod: dict) -> str:
+    """Why the container has not started: its waiting reason and message, else the pod's unschedulable condition."""
+    w = _container_state(pod).get("waiting") or {}
+    if w.get("reason"):
+        return f"{w['reason']}: {w.get('message') or ''}".rstrip(": ")
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or ''}".rstrip(": ")
+    return ""
 
 
 def _ended(pod: dict) -> bool:
