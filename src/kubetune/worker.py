@@ -324,6 +324,10 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
     from .training.sft import load_tokenizer
 
     tokenizer = load_tokenizer(job, inputs["model"])
+    if job.dataset.preprocess is not None:  # the user's function over the rows first (cached like prepared data)
+        from .data.preprocess import preprocess_inputs
+
+        inputs = preprocess_inputs(job, inputs, log=(lambda m: run.stage(C.STAGE_PREPARE, m)) if run else (lambda m: None))
     if job.method.preference:  # prompt / chosen / rejected pairs for DPO and ORPO
         from .data.preference import prepare_preference as prepare_datasets  # noqa: F811 - same signature
     prepared = prepare_datasets(

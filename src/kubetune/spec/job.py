@@ -89,6 +89,35 @@ class DatasetSourceSpec(_Section):
     _check_columns = field_validator("columns")(lambda cls, v: _check_columns(v))
 
 
+class PreprocessSpec(_Section):
+    """A Python function applied to the fetched rows before they are prepared (docs/datasets.md#preprocessing-rows-with-your-own-code)."""
+
+    file: str = Field(
+        description="The Python file that defines the function: a local path (relative to the spec file; staged with the job "
+        "on a cluster) or a URI kubetune reads (s3://, https://, ...). Its content is part of the cache key."
+    )
+    function: str = Field(
+        "preprocess",
+        description="The function's name in the file: it takes an iterator of row dicts (as read from the dataset, before "
+        "dataset.columns) and returns or yields row dicts.",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _check_file(cls, v: str) -> str:
+        check_uri(v)
+        if not v.split("?", 1)[0].endswith(".py"):
+            raise ValueError(f"'{v}' is not a Python file: name a .py file that defines the function")
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _check_function(cls, v: str) -> str:
+        if not v.isidentifier():
+            raise ValueError(f"'{v}' is not a Python function name (a name defined in the file, no dots)")
+        return v
+
+
 class DatasetSpec(_Section):
     """Training data: where it is, its format, and how it is turned into trained tokens."""
 
@@ -108,6 +137,9 @@ class DatasetSpec(_Section):
         description="More datasets trained together with source: concatenated, or sampled by weight when weights are set.",
     )
     eval_source: str | None = Field(None, description="A separate evaluation dataset (same formats).")
+    preprocess: PreprocessSpec | None = Field(
+        None, description="A Python function applied to the rows of source and eval_source before they are prepared (cached)."
+    )
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of rows held out for evaluation (seeded).")
     chat_template: str | None = Field(
         None,

@@ -51,8 +51,9 @@ CREDENTIALS_HINT = (
 )
 
 
-def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
-    """(spec field, role, directory in the pod, value) of every model and dataset source."""
+def _input_fields(job: TuneJob) -> list[tuple[str, str, str | None, str | None]]:
+    """(spec field, role, directory in the pod, value) of every model and dataset source (and dataset.preprocess's
+    code, which the worker fetches itself: no directory)."""
     d = job.dataset
     fields = [
         ("model.source", "model", C.K8S_MODEL_DIR, job.model.source),
@@ -63,6 +64,8 @@ def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
         fields.append(("method.dpo.reference", "reference", f"{C.K8S_WORKSPACE}/reference", job.method.dpo.reference))
     for i, extra in enumerate(getattr(d, "mix", None) or []):  # more datasets trained together with source
         fields.append((f"dataset.mix.{i}.source", f"mix-{i}", f"{C.K8S_WORKSPACE}/mix-{i}", extra.source))
+    if getattr(d, "preprocess", None) is not None:  # no init container: the worker fetches the code (a local file: staged)
+        fields.append(("dataset.preprocess.file", "preprocess", None, d.preprocess.file))
     return fields
 
 
