@@ -60,7 +60,10 @@ constraints: setup
 	@echo "wrote constraints.txt ($$(wc -l < constraints.txt) packages)"
 
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@# bench/gpu_*.py need an NVIDIA GPU: skipped (and said so) where nvidia-smi is missing.
+	@for b in bench/[!_]*.py; do \
+	  case $$b in bench/gpu_*) command -v nvidia-smi >/dev/null 2>&1 || { echo "== $$b: skipped, no GPU"; continue; };; esac; \
+	  echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs

@@ -37,9 +37,11 @@ def test_a_good_job_passes_and_leaves_nothing_behind(tmp_path, capitals):
 def test_missing_local_sources_are_named(tmp_path, capitals):
     job = load_spec(job_dict(
         tmp_path, capitals, model={"source": str(tmp_path / "no-model")},
-        dataset={"source": "nope.jsonl", "eval_source": f"file://{tmp_path}/no-eval.jsonl", "mix": [{"source": str(capitals)}, {"source": "gone.jsonl"}]},
+        dataset={"source": "nope.jsonl", "eval_source": f"file://{tmp_path}/no-eval.jsonl", "mix": [{"source": str(capitals)}, {"source": "gone.jsonl"}],
+                 "preprocess": {"file": "missing-prep.py"}},
     ))
     text = problems(job)
+    assert "dataset.preprocess.file: no such file or directory: missing-prep.py" in text
     assert f"model.source: no such file or directory: {tmp_path}/no-model" in text
     assert "dataset.source: no such file or directory: nope.jsonl" in text
     assert f"dataset.eval_source: no such file or directory: file://{tmp_path}/no-eval.jsonl" in text

@@ -151,6 +151,9 @@ ENV_MAX_UNPACK_BYTES = "KUBETUNE_MAX_UNPACK_BYTES"  # archive bomb guard: most b
 ENV_MAX_UNPACK_FILES = "KUBETUNE_MAX_UNPACK_FILES"  # archive bomb guard: most members one archive may hold
 ENV_TRANSFER_CONCURRENCY = "KUBETUNE_TRANSFER_CONCURRENCY"  # parallel streams per transfer (default below)
 STORAGE_PART_SUFFIX = ".kubetune-part"  # a download in progress; renamed to its real name once verified
+# `kubetune deliver`: written last into a destination folder or S3 prefix, once every file was verified (a
+# record of the source and each file's size and sha256); a destination without it is incomplete
+DELIVER_MARKER = ".kubetune-delivered.json"
 STORAGE_SYNC_DIR = ".kubetune-sync"  # in the run directory: hard-linked snapshots of checkpoints being uploaded
 STORAGE_UNPACK_RATIO = 100  # an archive may unpack to this many times its own (compressed) size by default...
 STORAGE_UNPACK_MIN_BYTES = 64 * 1024 * 1024  # ...or to this many bytes, whichever is more (so tiny archives work)
@@ -187,6 +190,8 @@ OCI_MEDIA_EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
 # --- kubernetes ---
 K8S_IMAGE_REPO = "ghcr.io/kubetune/kubetune"  # default worker image (deploy/Dockerfile), tagged with the package version
 K8S_CUDA_TAG_SUFFIX = "-cuda"  # tag suffix of the CUDA image (deploy/Dockerfile.cuda)
+# Resource-name prefix -> tag suffix of the image kubetune ships for it (deploy/Dockerfile.cuda, .rocm, .gaudi).
+K8S_ACCELERATOR_TAG_SUFFIXES = {"nvidia.com/": K8S_CUDA_TAG_SUFFIX, "amd.com/": "-rocm", "habana.ai/": "-gaudi"}
 K8S_SPEC_DIR = "/etc/kubetune"  # where the spec ConfigMap is mounted
 K8S_SPEC_KEY = "spec.yaml"  # the ConfigMap key holding the resolved spec
 K8S_SPEC_PATH = f"{K8S_SPEC_DIR}/{K8S_SPEC_KEY}"  # the worker's --spec inside every container
@@ -208,6 +213,14 @@ K8S_KAITO_API_VERSION = "kaito.sh/v1beta1"  # the kaito flavour's Workspace (v1b
 K8S_KAITO_CONFIG_SUFFIX = "kaito-config"  # <job>-kaito-config: the ConfigMap of Kaito's training config
 K8S_KAITO_CONFIG_KEY = "training_config.yaml"  # the key Kaito reads from that ConfigMap
 K8S_KAITO_OUTPUT_DIR = "/mnt/output"  # TrainingArguments.output_dir: Kaito's results volume, pushed as the output image
+# `kubetune deliver --backend kubernetes`: the copy as a batch/v1 Job
+LABEL_DELIVER = f"{LABEL_PREFIX}/deliver"  # on the Job and its pods: the delivery's name
+K8S_DELIVER_CONTAINER = "deliver"  # the Job's one container (runs `kubetune deliver SRC DEST`)
+K8S_DELIVER_RETRIES = 3  # default backoffLimit: pods started again after a failed attempt
+K8S_DELIVER_TTL_S = 24 * 3600  # ttlSecondsAfterFinished: a finished delivery Job (and its logs) is removed after a day
+# `kubetune cluster check`: where a standalone or multi-user Kubeflow Pipelines install puts its API Service
+K8S_KFP_NAMESPACE = "kubeflow"
+K8S_KFP_SERVICE = "ml-pipeline"
 LABEL_FLAVOR = f"{LABEL_PREFIX}/flavor"  # job | pytorchjob | trainjob
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # Kueue LocalQueue admitting the workload
 ANNOTATION_CANCELLED = f"{LABEL_PREFIX}/cancelled"  # set by `kubetune cancel` before deleting
@@ -270,6 +283,8 @@ SERVE_MAX_REQUEST_BYTES = 16 * 1024 * 1024  # default --max-request-bytes: large
 # --- data preparation ---
 DATA_CACHE_SUBDIR = "data"  # under CACHE_DIR: prepared (tokenized) datasets, keyed by data + tokenizer + settings
 DATA_CACHE_KEEP = 16  # prepared datasets kept in the cache (least recently used go first)
+PREPROCESS_CACHE_SUBDIR = "preprocessed"  # under CACHE_DIR: rows after dataset.preprocess, keyed by data + the code's content
+PREPROCESS_ROWS_FILE = "rows.jsonl"  # in a preprocessed entry: the function's rows, one JSON object a line
 ENV_MAX_ROW_BYTES = "KUBETUNE_MAX_ROW_BYTES"  # most bytes one dataset row may take (a bigger row stops the job)
 DATA_MAX_ROW_BYTES = 16 * 1024 * 1024  # default of the above: one row is read whole, then parsed and tokenized
 
@@ -307,6 +322,19 @@ PREFERENCE_LOG_KEYS = {
 }
 # The preference metrics status.json carries (under its extra fields) and `kubetune status` shows.
 PREFERENCE_STATUS_KEYS = ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin")
+
+# --- accelerators and device telemetry (training/devices.py, training/telemetry.py) ---
+# Environment variables that narrow which accelerators a process sees; an error naming them helps when a pod
+# asked for devices and sees none.
+ACCELERATOR_VISIBILITY_ENV = (
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+)
+ENV_KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set by the kubelet in every pod: the worker runs in a cluster
+TELEMETRY_INTERVAL_S = 5.0  # seconds between two device samples (utilization, memory, power) during training
+ENV_TELEMETRY_INTERVAL = "KUBETUNE_TELEMETRY_INTERVAL"  # overrides it; 0 turns sampling off
+HL_SMI = "hl-smi"  # Intel Gaudi's management tool (device telemetry)
+ROCM_SMI = "rocm-smi"  # AMD's management tool, used when the amdsmi library is not installed
 
 # --- custom training functions (spec.entrypoint, kubetune.train(func=...), training/custom.py) ---
 ENTRYPOINT_MAX_SOURCE_CHARS = 32 * 1024  # entrypoint.source: one function's text; the local worker gets the spec in an env var

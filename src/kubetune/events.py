@@ -183,8 +183,8 @@ class JobStatus:
                 if data.get(k) is not None:
                     setattr(self, k, data[k])
             self.extra.update({k: data[k] for k in C.PREFERENCE_STATUS_KEYS if data.get(k) is not None})
-            if isinstance(data.get("metrics"), dict):  # a custom training function's own numbers (kubetune.report)
-                self.extra.setdefault("metrics", {}).update(data["metrics"])
+            # The device the job trains on (named once) and its newest telemetry sample (training/telemetry.py).
+            self.extra.update({k: data[k] for k in ("device", "devices") if data.get(k)})
         elif t == EventType.ERROR:
             self.reason = event.get("message", self.reason)
         elif t == EventType.DONE:

@@ -102,7 +102,9 @@ def _any_rank(flag: bool) -> bool:
 
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    # The flag travels on the device type the process group's backend reduces over.
+    kind = {"nccl": "cuda", "hccl": "hpu", "xccl": "xpu"}.get(str(dist.get_backend()), "cpu")
+    device = torch.device(kind, getattr(torch, kind).current_device()) if kind != "cpu" else torch.device("cpu")
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())

@@ -5,8 +5,8 @@ paths mean nothing (``kubetune render`` must keep working there). These checks l
 they run where the job is about to run on it:
 
 * :func:`check_local`: ``kubetune validate`` (unless ``--no-check-local``) and the local backend's
-  submit. Local ``model.source``, ``dataset.source``, ``dataset.eval_source`` and ``dataset.mix[].source``
-  exist and can be read; ``output.dir`` is (or can be created as) a writable directory, not under a
+  submit. Local ``model.source``, ``dataset.source``, ``dataset.eval_source``, ``dataset.mix[].source`` and
+  ``dataset.preprocess.file`` exist and can be read; ``output.dir`` is (or can be created as) a writable directory, not under a
   file, ``/proc`` or ``/sys``; ``training.max_seq_length`` fits a builtin or local model.
 * :func:`check_model_config`: the worker, once the model is fetched (hf://, s3://, oci://... models are
   known only then), before any data is prepared.
@@ -149,6 +149,8 @@ def _source_problems(job: Any) -> list[str]:
     if job.dataset.eval_source:
         fields.append(("dataset.eval_source", job.dataset.eval_source))
     fields += [(f"dataset.mix[{i}].source", m.source) for i, m in enumerate(job.dataset.mix)]
+    if job.dataset.preprocess is not None:
+        fields.append(("dataset.preprocess.file", job.dataset.preprocess.file))
     problems = []
     for field, value in fields:
         path = _local_path(value)

@@ -32,7 +32,7 @@ from .preemption import Preempted
 from .spec import TuneJob, dump_spec, load_spec
 from .training import distributed
 
-__all__ = ["run_worker", "run_custom", "previous_run", "finished_run_message", "set_cpu_threads", "fetch_inputs", "prepare_data", "publish", "main"]
+__all__ = ["run_worker", "run_custom", "previous_run", "finished_run_message", "check_device", "set_cpu_threads", "fetch_inputs", "prepare_data", "publish", "main"]
 
 log = logging.getLogger("kubetune.worker")
 
@@ -76,6 +76,7 @@ def run_worker(job: TuneJob, run_dir: str | os.PathLike | None = None, *, job_id
     sync = None
     try:
         started = time.time()
+        check_device(job, run, is_main)  # before fetching gigabytes: a pod without its GPUs fails now
         if job.entrypoint is not None:  # the user's own training function instead of fetch -> prepare -> train
             return run_custom(job, run, is_main=is_main, started=started)
         threads = set_cpu_threads(job)
@@ -299,14 +300,28 @@ def _preempted(run: RunDir, is_main: bool, e: Preempted) -> int:
 
 
 # --- stages ----------------------------------------------------------------------------------
+def check_device(job: TuneJob, run: RunDir, is_main: bool) -> None:
+    """Compare ``resources.accelerators`` with the device this process sees; warnings become events (rank 0).
+
+    Raises:
+        TrainError: in a Kubernetes pod, the spec asks for accelerators and the pod sees none.
+    """
+    from .training.devices import check_accelerators, device_info
+
+    for warning in check_accelerators(job.resources, device_info()):
+        if is_main:
+            run.emit(make_event(EventType.WARNING, warning))
+            print(f"[kubetune] warning: {warning}", flush=True)
+
+
 def set_cpu_threads(job: TuneJob) -> str | None:
     """Before anything heavy runs: on a CPU, give torch the threads :mod:`kubetune.cpu` chooses (the spec's
     ``training.cpu_threads``, else ``OMP_NUM_THREADS``, else the free cores) and return the line that says
-    how many and why; on a GPU, leave torch's default and return None (or a note that the field is ignored)."""
-    import torch
+    how many and why; on an accelerator, leave torch's default and return None (or a note that the field is ignored)."""
+    from .training.devices import device_info, is_accelerator
 
-    if torch.cuda.is_available():
-        return f"training.cpu_threads={job.training.cpu_threads} is ignored: training on a GPU" if job.training.cpu_threads else None
+    if is_accelerator(device_info()):
+        return f"training.cpu_threads={job.training.cpu_threads} is ignored: training on an accelerator" if job.training.cpu_threads else None
     from .cpu import apply_threads, cpu_threads
 
     choice = cpu_threads(job.training.cpu_threads)
@@ -315,10 +330,12 @@ def set_cpu_threads(job: TuneJob) -> str | None:
 
 
 def _torch_threads() -> int | None:
-    """torch's intra-op threads in this process (recorded in result.json as ``cpu_threads``; None on a GPU)."""
+    """torch's intra-op threads in this process (recorded in result.json as ``cpu_threads``; None on an accelerator)."""
     import torch
 
-    return None if torch.cuda.is_available() else torch.get_num_threads()
+    from .training.devices import device_info, is_accelerator
+
+    return None if is_accelerator(device_info()) else torch.get_num_threads()
 
 
 def fetch_inputs(job: TuneJob) -> dict[str, Path | None]:
@@ -340,6 +357,10 @@ def prepare_data(job: TuneJob, inputs: dict, run: RunDir | None) -> tuple[Any, A
     from .training.sft import load_tokenizer
 
     tokenizer = load_tokenizer(job, inputs["model"])
+    if job.dataset.preprocess is not None:  # the user's function over the rows first (cached like prepared data)
+        from .data.preprocess import preprocess_inputs
+
+        inputs = preprocess_inputs(job, inputs, log=(lambda m: run.stage(C.STAGE_PREPARE, m)) if run else (lambda m: None))
     if job.method.preference:  # prompt / chosen / rejected pairs for DPO and ORPO
         from .data.preference import prepare_preference as prepare_datasets  # noqa: F811 - same signature
     prepared = prepare_datasets(

@@ -18,7 +18,9 @@ index; all at once, like ``parallelism``) it:
   (``restartPolicy: Never``, ``backoffLimit: 0``).
 
 Nothing else of a cluster is imitated (no images, no resource limits, no security contexts): the
-processes run from ``bin_dirs`` (the test's virtualenv) with only the rendered env plus PATH and HOME.
+processes run from ``bin_dirs`` (the test's virtualenv) with only the rendered env plus PATH and HOME, and
+the test process's PYTHONPATH when it has one: the image's installed kubetune is the package under test,
+also when that is a checkout other than the one the virtualenv installed.
 """
 
 from __future__ import annotations
@@ -233,7 +235,8 @@ class PodExecutor:
         home = pod_dir / "home"
         home.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join([str(p) for p in self.bin_dirs] + [os.environ.get("PATH", "/usr/bin:/bin")])
-        proc_env = {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", "TMPDIR": str(home), **self.extra_env, **env}
+        under_test = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        proc_env = {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", "TMPDIR": str(home), **under_test, **self.extra_env, **env}
         exe = shutil.which(argv[0], path=path)
         if exe is None:
             raise PodSpecError(f"container {c['name']}: command {argv[0]!r} not found in {path}")

@@ -132,12 +132,12 @@ def test_gradient_checkpointing_gives_the_same_losses(tiny_job, run_inprocess, t
 @pytest.mark.parametrize(
     "device,dtype,method,expected",
     [
-        ({"type": "cpu", "bf16": False}, "auto", "lora", ("float32", None)),
-        ({"type": "cuda", "bf16": True}, "auto", "lora", ("bfloat16", "bf16")),
-        ({"type": "cuda", "bf16": False}, "auto", "lora", ("float16", "fp16")),
-        ({"type": "cuda", "bf16": False}, "auto", "full", ("float32", "fp16")),  # fp32 master weights
-        ({"type": "cpu", "bf16": False}, "bfloat16", "lora", ("bfloat16", "bf16")),
-        ({"type": "cuda", "bf16": True}, "float32", "full", ("float32", None)),
+        ({"type": "cpu", "bf16": False, "fp16": False}, "auto", "lora", ("float32", None)),
+        ({"type": "cuda", "bf16": True, "fp16": True}, "auto", "lora", ("bfloat16", "bf16")),
+        ({"type": "cuda", "bf16": False, "fp16": True}, "auto", "lora", ("float16", "fp16")),
+        ({"type": "cuda", "bf16": False, "fp16": True}, "auto", "full", ("float32", "fp16")),  # fp32 master weights
+        ({"type": "cpu", "bf16": False, "fp16": False}, "bfloat16", "lora", ("bfloat16", "bf16")),
+        ({"type": "cuda", "bf16": True, "fp16": True}, "float32", "full", ("float32", None)),
     ],
 )
 def test_dtype_auto_and_explicit(tiny_job, device, dtype, method, expected):

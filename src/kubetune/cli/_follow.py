@@ -155,5 +155,10 @@ def _progress_view(st):
         parts.append(f"{st.tokens_per_second:.0f} tok/s")
     if st.eta_seconds is not None:
         parts.append(f"ETA {duration(st.eta_seconds)}")
+    devices = [d for d in (st.extra or {}).get("devices") or [] if isinstance(d, dict)]
+    if devices:  # the newest telemetry sample (training/telemetry.py)
+        from ..training.telemetry import device_text
+
+        parts.append(", ".join(device_text(d) for d in devices))
     g.add_row(bar, "  ".join(parts))
     return g

@@ -87,9 +87,19 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
 
     extra = data.get("extra") or {}
     rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
-    metrics = extra.get("metrics") if isinstance(extra.get("metrics"), dict) else {}  # kubetune.report(metrics=...)
-    rows += [(f"metrics.{k}", f"{v:.4g}" if isinstance(v, (int, float)) else str(v)) for k, v in metrics.items()]
+    if isinstance(extra.get("device"), str):
+        rows.append(("device", extra["device"]))
+    rows += device_rows(extra.get("devices"))
     return rows
+
+
+def device_rows(devices) -> list[tuple[str, str]]:
+    """``devices[0]  NVIDIA H200 87% 20.1/139.0 GiB 412 W``: the newest telemetry sample of each device."""
+    from ..training.telemetry import device_text
+
+    if not isinstance(devices, list):
+        return []
+    return [(f"devices[{d.get('index', i)}]", device_text(d)) for i, d in enumerate(devices) if isinstance(d, dict)]
 
 
 class PlainProgress:
@@ -153,6 +163,11 @@ def step_text(ev: dict) -> str:
         text += f" {d['tokens_per_second']:.0f} tok/s"
     if d.get("eta_seconds") is not None:
         text += f" eta {duration(d['eta_seconds'])}"
+    devices = [x for x in d.get("devices") or [] if isinstance(x, dict)]
+    if devices:
+        from ..training.telemetry import device_text
+
+        text += " | " + ", ".join(device_text(x) for x in devices)
     return "  " + _escape(text)
 
 

@@ -1,4 +1,5 @@
-"""``kubetune cluster init``: set a team namespace up for kubetune (docs/cluster-setup.md).
+"""``kubetune cluster init``: set a team namespace up for kubetune; ``kubetune cluster check``: what the cluster
+has installed and which flavours and features that enables (docs/cluster-setup.md).
 
 ``--render`` is pure (no cluster, no ``kubernetes`` client); without it the objects are created through the
 same API client code as the Kubernetes backend's.
@@ -15,12 +16,15 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     """Add the ``cluster`` command group to the main ``kubetune`` app."""
+    from ._output import PlainHelpCommand
+
     group = typer.Typer(
-        help="Set a cluster namespace up for kubetune: kubetune cluster init --namespace NAME [--queue CLUSTERQUEUE] [--render].",
+        help="Set a cluster namespace up for kubetune (cluster init), or see what a cluster offers it (cluster check).",
         no_args_is_help=True,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     group.command("init")(init)
+    group.command("check", cls=PlainHelpCommand)(check)
     app.add_typer(group, name="cluster")
 
 
@@ -71,6 +75,58 @@ def init(
     cluster = connect(context=context)
     apply(cluster, p, typer.echo)
     typer.echo("job specs now use:\n" + _indent(p.spec_hint()))
+
+
+def check(
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="The namespace to check (default: the kubeconfig context's)."),
+    context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context (default: the current one)."),
+    output: str = typer.Option("table", "-o", "--output", help="table, json or yaml."),
+) -> None:
+    """List which of Kubeflow Trainer, the training-operator, Kaito, Kueue and Kubeflow Pipelines the cluster has, which kubetune flavours and features that enables, and whether you may create what each flavour needs in the namespace.
+
+    Reads only (API discovery, the KFP Service, the namespace's LocalQueues, SelfSubjectAccessReviews). Exit code 2 for 401 or an unreachable cluster.
+    """
+    from ._output import check_output_format, print_data
+
+    fmt = check_output_format(output, ("table", "json", "yaml"))
+    from ..backends.kubernetes.api import connect
+    from ..backends.kubernetes.check import check as run_check
+
+    cluster = connect(context=context)
+    report = run_check(cluster, namespace or cluster.namespace)
+    if fmt != "table":
+        print_data(report, fmt)
+        return
+    _print_check(report)
+
+
+def _mark(value) -> str:
+    return {True: "yes", False: "no", None: "unknown"}[value]
+
+
+def _print_check(report: dict) -> None:
+    from rich.table import Table
+
+    from ._output import console
+
+    out = console()
+    out.print(f"cluster {report['cluster']}, namespace {report['namespace']}")
+    t = Table("component", "installed", "api", "enables", box=None, pad_edge=False)
+    for c in report["components"]:
+        t.add_row(c["name"], _mark(c["installed"]), c["api"] or c.get("note") or "-", c["enables"])
+    out.print(t)
+    t = Table("flavour", "available", "you may create it", "note", box=None, pad_edge=False)
+    for f in report["flavours"]:
+        may = _mark(f["allowed"]) if f["available"] else "-"
+        if f["missing"]:
+            may += " (missing: " + ", ".join(f["missing"]) + ")"
+        t.add_row(f["flavour"], _mark(f["available"]) + ("" if f["available"] or "needs" not in f else f" (needs {f['needs']})"), may,
+                  f.get("note") or "")
+    out.print(t)
+    t = Table("feature", "available", "note", box=None, pad_edge=False)
+    for f in report["features"]:
+        t.add_row(f["feature"], _mark(f["available"]), f.get("note") or "")
+    out.print(t)
 
 
 def _indent(text: str) -> str:

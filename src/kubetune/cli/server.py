@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
     keys_app.command("create")(keys_create)
     keys_app.command("list")(keys_list)
     keys_app.command("revoke")(keys_revoke)
+    keys_app.command("import")(keys_import)
     server_app.add_typer(keys_app, name="keys")
     app.add_typer(server_app, name="server")
 
@@ -91,6 +92,32 @@ def keys_create(
     key, rec = _store(ctx, db, config).create_key(project.strip())
     typer.echo(key)
     typer.echo(f"key {rec['prefix']}... for project {rec['project']}: keep it now, it cannot be shown again", err=True)
+
+
+def keys_import(
+    ctx: typer.Context,
+    directory: Path = typer.Option(..., "--dir", help="A folder with one file per project, named as the project, holding its key "
+                                   "(a mounted Kubernetes Secret: the Helm chart's apiKeys.existingSecret)."),
+    db: Optional[str] = typer.Option(None, "--db", envvar="KUBETUNE_SERVER_DB", help=_DB_HELP),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help=_CONFIG_HELP),
+) -> None:
+    """Register the keys in DIR (one file per project) so that they authenticate; a key already known is left as is.
+    Only digests are stored; the keys are never printed."""
+    from ..errors import SpecError
+
+    if not directory.is_dir():
+        raise SpecError(f"--dir {directory}: not a folder", hint="mount the Secret with the keys there (one file per project)")
+    files = sorted(f for f in directory.iterdir() if f.is_file() and not f.name.startswith("."))  # ..data links of a mounted Secret
+    if not files:
+        raise SpecError(f"--dir {directory}: no key files", hint="one file per project, named as the project, holding its key")
+    store = _store(ctx, db, config)
+    for f in files:
+        key = f.read_text(encoding="utf-8").strip()
+        if len(key) < 32 or any(c.isspace() for c in key):
+            raise SpecError(f"{f}: a key must be at least 32 characters without spaces (this one: {len(key)})",
+                            hint="make one with: kubetune server keys create, or openssl rand -hex 24")
+        added, _ = store.import_key(f.name, key)
+        typer.echo(f"key {f.name}: {'added' if added else 'already known'} (project {f.name})")
 
 
 def keys_list(

@@ -194,6 +194,27 @@ class Store:
         rec.pop("digest")
         return key, {**rec, "project": project}
 
+    def import_key(self, project: str, key: str) -> tuple[bool, dict]:
+        """Register a key made elsewhere (a Kubernetes Secret) for ``project``; a key already known is left as it is.
+
+        Returns:
+            (whether it was added, its record: never the key or its digest).
+        """
+        digest = _digest(key)
+        with self.session() as s:
+            known = s.scalar(select(ApiKey).where(ApiKey.digest == digest))
+            if known is not None:
+                rec = _row(known)
+                rec.pop("digest")
+                return False, rec
+        p = self.project(project)
+        with self.session() as s:
+            k = ApiKey(id=new_id("key"), project_id=p["id"], digest=digest, prefix=key[:10], created_at=time.time(), revoked=False)
+            s.add(k)
+            rec = _row(k)
+        rec.pop("digest")
+        return True, {**rec, "project": project}
+
     def list_keys(self) -> list[dict]:
         """Every key's record (prefix, project, created, revoked), never a digest."""
         with self.session() as s:

@@ -377,7 +377,7 @@ class KfpSpec(_Section):
     verify_ssl: bool = Field(True, description="Verify the KFP API's TLS certificate.")
     base_image: str | None = Field(
         None, description="Image of every component (default: kubernetes.image, else the kubetune image of this version; "
-        "its -cuda tag for nvidia.com accelerators)."
+        "its -cuda, -rocm or -gaudi tag for nvidia.com, amd.com or habana.ai accelerators)."
     )
     package: str | None = Field(
         None, description="pip requirement installed when each component starts, e.g. kubetune==0.1.0 or "

@@ -128,14 +128,17 @@ def check_built_in_input(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-def check_custom_job(job: Any) -> None:
+def check_custom_job(job: Any) -> Any:
     """Refuse what an entrypoint job would silently ignore: method, sweep, training fields but resume/cpu_threads, output.merge.
+
+    Returns:
+        ``job``.
 
     Raises:
         ValueError: naming every such field.
     """
     if job.entrypoint is None:
-        return
+        return job
     if "sweep" in job.model_fields_set:
         raise ValueError("sweep: sweeps over an entrypoint job are not supported yet; run one job per setting "
                          "(--set entrypoint.args.NAME=VALUE --set name=...)")
@@ -148,6 +151,7 @@ def check_custom_job(job: Any) -> None:
             f"{', '.join(unused)}: not used by an entrypoint job (your function trains); remove them. An entrypoint "
             f"job takes name, entrypoint, resources, output.dir/uri, training.{'/'.join(sorted(CUSTOM_TRAINING_FIELDS))}, kubernetes and kfp"
         )
+    return job
 
 
 def dump_without_unused(job: Any, data: dict) -> dict:

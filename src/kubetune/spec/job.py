@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from .. import constants as C
 from ..data.formats import FORMATS
@@ -90,6 +90,35 @@ class DatasetSourceSpec(_Section):
     _check_columns = field_validator("columns")(lambda cls, v: _check_columns(v))
 
 
+class PreprocessSpec(_Section):
+    """A Python function applied to the fetched rows before they are prepared (docs/datasets.md#preprocessing-rows-with-your-own-code)."""
+
+    file: str = Field(
+        description="The Python file that defines the function: a local path (relative to the spec file; staged with the job "
+        "on a cluster) or a URI kubetune reads (s3://, https://, ...). Its content is part of the cache key."
+    )
+    function: str = Field(
+        "preprocess",
+        description="The function's name in the file: it takes an iterator of row dicts (as read from the dataset, before "
+        "dataset.columns) and returns or yields row dicts.",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _check_file(cls, v: str) -> str:
+        check_uri(v)
+        if not v.split("?", 1)[0].endswith(".py"):
+            raise ValueError(f"'{v}' is not a Python file: name a .py file that defines the function")
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _check_function(cls, v: str) -> str:
+        if not v.isidentifier():
+            raise ValueError(f"'{v}' is not a Python function name (a name defined in the file, no dots)")
+        return v
+
+
 class DatasetSpec(_Section):
     """Training data: where it is, its format, and how it is turned into trained tokens."""
 
@@ -109,6 +138,9 @@ class DatasetSpec(_Section):
         description="More datasets trained together with source: concatenated, or sampled by weight when weights are set.",
     )
     eval_source: str | None = Field(None, description="A separate evaluation dataset (same formats).")
+    preprocess: PreprocessSpec | None = Field(
+        None, description="A Python function applied to the rows of source and eval_source before they are prepared (cached)."
+    )
     eval_split: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of rows held out for evaluation (seeded).")
     chat_template: str | None = Field(
         None,
@@ -384,10 +416,7 @@ class TuneJob(_Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, title="kubetune job spec")
 
     name: str = Field("kubetune-job", description="Job name: lowercase letters, digits and '-', at most 40 characters.")
-    entrypoint: EntrypointSpec | None = Field(
-        None, description="Run your own Python function under torchrun instead of the built-in fine-tune (docs/custom-training.md); "
-        "the job then takes no model, dataset, method or sweep."
-    )
+    entrypoint: EntrypointSpec | None = Field(None, description="Your own training function instead of the built-in fine-tune (docs/custom-training.md).")
     model: ModelSpec | None = Field(None, validate_default=True, description="The base model (required unless entrypoint is set).")
     dataset: DatasetSpec | None = Field(None, validate_default=True, description="Training data (required unless entrypoint is set).")
     method: MethodSpec = Field(default_factory=MethodSpec)
@@ -407,19 +436,9 @@ class TuneJob(_Section):
             )
         return v
 
-    @field_validator("model", "dataset")
-    @classmethod
-    def _built_in_inputs(cls, v: Any, info: ValidationInfo) -> Any:
-        return check_built_in_input(v, info)  # required by the built-in fine-tune, refused beside an entrypoint
-
-    @model_validator(mode="after")
-    def _custom_function(self) -> "TuneJob":
-        check_custom_job(self)  # an entrypoint job: what belongs to the built-in fine-tune is refused, not ignored
-        return self
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict:
-        return dump_without_unused(self, handler(self))  # built-in jobs dump as before; entrypoint jobs without model, ...
+    _built_in_inputs = field_validator("model", "dataset")(lambda cls, v, info: check_built_in_input(v, info))  # spec/entrypoint.py
+    _custom_function = model_validator(mode="after")(lambda self: check_custom_job(self))
+    _dump = model_serializer(mode="wrap")(lambda self, handler: dump_without_unused(self, handler(self)))
 
     @model_validator(mode="after")
     def _apply_method_preset(self) -> "TuneJob":

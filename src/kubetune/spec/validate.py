@@ -175,7 +175,7 @@ def _format_errors(err: ValidationError, source: str, located: Located | None = 
 
 
 def _resolve_local_paths(data: dict, base: Path | None) -> None:
-    """Make relative local dataset/model paths absolute: the current directory first, then the spec's."""
+    """Make relative local dataset/model paths (and dataset.preprocess.file) absolute: the current directory first, then the spec's."""
 
     def fix(section: dict | None, key: str) -> None:
         if not isinstance(section, dict):
@@ -193,6 +193,8 @@ def _resolve_local_paths(data: dict, base: Path | None) -> None:
     fix(data.get("dataset"), "source")
     fix(data.get("dataset"), "eval_source")
     fix(data.get("entrypoint"), "file")  # the user's training function (spec/entrypoint.py)
+    if isinstance(data.get("dataset"), dict):
+        fix(data["dataset"].get("preprocess"), "file")
     mix = data.get("dataset", {}).get("mix") if isinstance(data.get("dataset"), dict) else None
     for entry in mix if isinstance(mix, list) else []:
         fix(entry, "source")

@@ -118,10 +118,11 @@ class _TextDisplay:
 _display_factory: Callable[[str], ProgressDisplay] = _TextDisplay
 
 
-def set_progress_display(factory: Callable[[str], ProgressDisplay]) -> None:
-    """Make ``factory(label)`` the display of every transfer asked to show progress (the CLI's rich bar)."""
+def set_progress_display(factory: Callable[[str], ProgressDisplay] | None) -> None:
+    """Make ``factory(label)`` the display of every transfer asked to show progress (the CLI's rich bar); None:
+    the plain line on stderr every few seconds (what a log reader wants)."""
     global _display_factory
-    _display_factory = factory
+    _display_factory = factory or _TextDisplay
 
 
 class Progress:

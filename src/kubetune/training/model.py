@@ -6,13 +6,18 @@
 =========  ================================  ======================================
 dtype      weights loaded as                 trainer precision
 =========  ================================  ======================================
-auto       bf16 on GPUs that support it,     bf16 autocast (GPU); fp16 autocast on
-           fp16 on older GPUs (fp32 for      older GPUs; plain fp32 on CPU
-           full fine-tuning), fp32 on CPU
+auto       bf16 on accelerators that         bf16 autocast; fp16 autocast on older
+           support it (recent NVIDIA/AMD     GPUs; plain fp32 on CPU (and on MPS
+           GPUs, Gaudi, XPU, MPS on macOS    before macOS 14)
+           14), fp16 on older GPUs (fp32
+           for full fine-tuning), else fp32
 bfloat16   bf16                              bf16 autocast
-float16    fp16 (fp32 for full)              fp16 autocast with loss scaling (GPU only)
+float16    fp16 (fp32 for full)              fp16 autocast with loss scaling (CUDA,
+                                             ROCm, Gaudi, XPU; not CPU or MPS)
 float32    fp32                              fp32
 =========  ================================  ======================================
+
+The device comes from :func:`kubetune.training.devices.device_info`.
 
 LoRA/DoRA adapter weights are kept in fp32 whatever the base dtype (PEFT's autocast_adapter_dtype).
 """
@@ -27,17 +32,9 @@ from .. import ranks
 from ..errors import TrainError
 from ..preflight import check_model_config
 from ..spec import TuneJob
+from .devices import device_info, is_accelerator
 
 __all__ = ["Precision", "device_info", "precision", "load_tokenizer", "load_model", "resolve_target_modules", "count_parameters"]
-
-
-def device_info() -> dict:
-    """What the job trains on: ``{"type": "cuda"|"cpu", "bf16": bool, "name": str}``."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {"type": "cuda", "bf16": torch.cuda.is_bf16_supported(), "name": torch.cuda.get_device_name(0)}
-    return {"type": "cpu", "bf16": False, "name": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -53,21 +50,22 @@ def precision(job: TuneJob, device: dict) -> Precision:
     """The precision a job trains in on ``device`` (see the module docstring).
 
     Raises:
-        TrainError: float16 asked for on a CPU.
+        TrainError: float16 asked for on a device without fp16 training (the CPU, Apple MPS).
     """
     full = job.method.type == "full"
-    cuda = device["type"] == "cuda"
+    accel = is_accelerator(device)
     dtype = job.model.dtype
     if dtype == "auto":
-        if cuda and device["bf16"]:
+        if accel and device["bf16"]:
             dtype = "bfloat16"
-        elif cuda:
+        elif accel and device.get("fp16"):
             dtype = "float16"
         else:
             dtype = "float32"
-    if dtype == "float16" and not cuda:
-        raise TrainError("model.dtype float16 needs a GPU: CPUs train in float32 or bfloat16", hint="set model.dtype: auto")
-    compute_4bit = "float16" if cuda and not device["bf16"] else "bfloat16"
+    if dtype == "float16" and not device.get("fp16"):
+        where = "CPUs train" if not accel else f"{device['name']} ({device['type']}) trains"
+        raise TrainError(f"model.dtype float16 needs a GPU with fp16 training: {where} in float32 or bfloat16", hint="set model.dtype: auto")
+    compute_4bit = "float16" if accel and not device["bf16"] else "bfloat16"
     if dtype == "float32":
         return Precision("float32", None, compute_4bit)
     if dtype == "bfloat16":
@@ -113,8 +111,8 @@ def load_model(job: TuneJob, model_path: Path, device: dict):
         kwargs["attn_implementation"] = job.model.attn_implementation
     if job.method.type == "qlora":
         kwargs["quantization_config"] = _bnb_config(prec)
-        if device["type"] == "cuda":  # quantize straight onto this process's GPU
-            kwargs["device_map"] = {"": ranks.local_rank()}
+        if is_accelerator(device):  # quantize straight onto this process's device
+            kwargs["device_map"] = {"": ranks.local_rank() if device["type"] == "cuda" else f"{device['type']}:{ranks.local_rank()}"}
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     if job.training.gradient_checkpointing:
         model.config.use_cache = False  # the cache is useless in training and conflicts with checkpointing

@@ -1,7 +1,8 @@
 """Live progress of a training run: trainer callbacks -> kubetune events, checkpoint completion, health checks.
 
 Every logging step emits a ``metrics`` event with step/total, loss, learning rate, grad norm, tokens/s,
-ETA and peak memory (events.jsonl and status.json; ``kubetune run`` and ``kubetune status`` show them).
+ETA, peak memory and the devices' telemetry (:mod:`.telemetry`: utilization, memory, power) (events.jsonl
+and status.json; ``kubetune run`` and ``kubetune status`` show them).
 Every evaluation emits eval loss and perplexity. A NaN/inf loss stops the run (and its checkpoint is not
 saved); a grad norm of exactly zero for several logged steps is warned about. A preemption
 (:mod:`kubetune.preemption`) saves a checkpoint at the next step boundary and stops the run.
@@ -20,6 +21,8 @@ from ..events import EventType, RunDir, make_event
 from ..spec import TuneJob
 from . import distributed
 from .checkpoints import checkpoint_fingerprint, mark_complete, rotate_checkpoints
+from .devices import describe
+from .telemetry import DeviceSampler, device_text
 
 __all__ = ["Plan", "ProgressCallback", "ZERO_GRAD_STEPS", "perplexity", "peak_memory_mb"]
 
@@ -53,11 +56,17 @@ def perplexity(loss: float | None) -> float | None:
 
 
 def peak_memory_mb(device: dict) -> float | None:
-    """Peak accelerator memory (CUDA) or peak resident memory of this process (CPU), in MiB."""
-    if device["type"] == "cuda":
+    """Peak accelerator memory torch allocated (CUDA/ROCm, XPU, HPU; what the MPS driver holds on Apple) or
+    peak resident memory of this process (CPU), in MiB."""
+    if device["type"] != "cpu":
         import torch
 
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        try:
+            if device["type"] == "mps":
+                return round(torch.mps.driver_allocated_memory() / 2**20, 1)
+            return round(getattr(torch, device["type"]).max_memory_allocated() / 2**20, 1)
+        except Exception:  # a device module without allocator statistics
+            return None
     try:
         import resource
 
@@ -100,6 +109,11 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         self.stop_reason: str | None = None
         self.evals: list[dict] = []  # {"step", "eval_loss", "perplexity"}
         self._zero_grad_steps = 0
+        self.telemetry = DeviceSampler(device)  # started on rank 0 when training begins
+
+    def device_summary(self) -> list[dict]:
+        """Per device over the run (result.json's ``devices``): peak memory, mean/max utilization, power."""
+        return self.telemetry.summary()
 
     # -- the run starts ------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kw):
@@ -110,6 +124,11 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         preemption.arm()
         if not self.emit:
             return
+        self.telemetry.start()
+        where = f"device: {describe(self.device)}"
+        self.run.emit(make_event(EventType.METRICS, where, device=describe(self.device), device_type=self.device["type"],
+                                 platform=self.device.get("platform"), telemetry=self.telemetry.source, devices=self.telemetry.latest))
+        print(f"[kubetune] {where}", flush=True)
         if state.max_steps != self.plan.total_steps:
             self.run.emit(make_event(EventType.WARNING, f"the trainer plans {state.max_steps} steps, kubetune planned {self.plan.total_steps}"))
         if state.global_step:
@@ -134,6 +153,8 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
         if self.preempted_at is None and preemption.agreed():  # after the last step end: nothing newer to save
             self.preempted_at = state.global_step
         preemption.disarm()
+        if self.emit:
+            self.telemetry.stop()
 
     # -- every logging step --------------------------------------------------------------------
     def on_log(self, args, state, control, logs=None, **kw):
@@ -162,6 +183,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             tokens_per_second=round(tps, 1) if tps else None,
             eta_seconds=round(eta, 1) if eta is not None else None,
             peak_memory_mb=self.peak_memory_mb,
+            devices=self.telemetry.latest if self.emit else None,
             **_preference(logs),  # DPO / ORPO: reward accuracy and margin, rewards and log-probabilities
         )
         pref = f" reward_accuracy={rec['reward_accuracy']:.3f} reward_margin={rec['reward_margin']:.4f}" if "reward_margin" in rec else ""
@@ -170,7 +192,7 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             print(
                 f"[kubetune] step {step}/{total} loss={loss:.4f} lr={rec['learning_rate'] or 0:.3g} "
                 f"grad_norm={grad_norm if grad_norm is None else round(grad_norm, 4)} tokens/s={rec['tokens_per_second']} "
-                f"eta={rec['eta_seconds']}s{pref}",
+                f"eta={rec['eta_seconds']}s{pref}{_devices_text(rec['devices'])}",
                 flush=True,
             )
         self._check_health(step, loss, grad_norm, control, loss_scaling=bool(getattr(args, "fp16", False)))
@@ -226,6 +248,11 @@ class ProgressCallback(_callback_base()):  # type: ignore[misc]
             self.run.emit(make_event(EventType.CHECKPOINT, f"removed {old.name} (training.save_total_limit={self.job.training.save_total_limit})", path=str(old), removed=True))
         if self.sync is not None:
             self.sync.checkpoint_saved(ckpt)
+
+
+def _devices_text(devices: list[dict] | None) -> str:
+    """`` | NVIDIA H200 87% 20.1/139.0 GiB 412 W``: the devices' latest sample for the progress line."""
+    return (" | " + ", ".join(device_text(d) for d in devices)) if devices else ""
 
 
 def _preference(logs: dict, *, prefix: str = "") -> dict:

@@ -130,7 +130,9 @@ def run_sft(
         "evals": progress.evals,
         "losses": losses,
         "peak_memory_mb": progress.peak_memory_mb,
+        "devices": progress.device_summary(),  # per device: peak memory, mean/max utilization, mean/peak power
         "device": device["name"],
+        "device_type": device["type"],
         "precision": dataclasses.asdict(precision(job, device)),
     }
     if job.method.preference:

@@ -10,6 +10,11 @@ kubeconfig) at this small threaded HTTP server on 127.0.0.1. It speaks only the 
     /api/v1/namespaces[/{name}] (get and create), /api/v1/namespaces/{ns}/{serviceaccounts|secrets}[/{name}]
     /apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/{roles|rolebindings}[/{name}]
     /apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/localqueues[/{name}]
+    /apis/kaito.sh/v1beta1/namespaces/{ns}/workspaces[/{name}]
+    /apis (discovery: the APIGroupList of the built-in groups and the installed CRDs' groups)
+    /apis/{group}/{version} (discovery: the APIResourceList of a served group)
+    /apis/authorization.k8s.io/v1/selfsubjectaccessreviews (create: allowed unless (verb, resource) is forbidden)
+    /apis/{group}/{version}/{clusterqueues|clustertrainingruntimes}[/{name}] (cluster-scoped: get and list)
 
 with create (POST), get and list (GET, equality label selectors), merge-patch (PATCH) and delete (DELETE,
 with owner-reference garbage collection), bearer-token auth, and the API server's error shapes: 401, 403
@@ -52,8 +57,19 @@ KNOWN = {
     ("rbac.authorization.k8s.io/v1", "roles"): "Role",
     ("rbac.authorization.k8s.io/v1", "rolebindings"): "RoleBinding",
     ("kueue.x-k8s.io/v1beta1", "localqueues"): "LocalQueue",
+    # what `kubetune cluster check` discovers
+    ("kueue.x-k8s.io/v1beta1", "clusterqueues"): "ClusterQueue",
+    ("kaito.sh/v1beta1", "workspaces"): "Workspace",
+    ("trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes"): "ClusterTrainingRuntime",
+    ("pipelines.kubeflow.org/v2beta1", "pipelines"): "Pipeline",
 }
-CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1", "kueue.x-k8s.io/v1beta1")
+CRD_GROUPS = ("kubeflow.org/v1", "trainer.kubeflow.org/v1alpha1", "kueue.x-k8s.io/v1beta1")  # installed by default
+OPTIONAL_GROUPS = ("kaito.sh/v1beta1", "pipelines.kubeflow.org/v2beta1")  # installed when a test names them in crds
+BUILTIN_GROUPS = ("batch/v1", "rbac.authorization.k8s.io/v1", "authorization.k8s.io/v1")
+_CLUSTER_SCOPED = {"clusterqueues", "clustertrainingruntimes"}
+_CLUSTER_PATH = re.compile(r"^/apis/(?P<group>[^/]+/[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
+_DISCOVERY = re.compile(r"^/apis(?:/(?P<group>[^/]+)/(?P<version>[^/]+))?/?$")
+_SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _NAMESPACES = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 _PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?P<sub>/log|/exec)?)?$")
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -80,6 +96,8 @@ class ApiServerDouble:
         self.logs: dict[tuple[str, str, str], str] = {}  # (ns, pod, container) -> text
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
         self.calls: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource) of every authorized request
+        self.reviews: list[tuple[str, str, str, str]] = []  # (verb, group, resource, namespace) of each SelfSubjectAccessReview
+        self.discovery_forbidden: set[str] = set()  # group/version whose discovery document is answered with 403
         self.lock = threading.Lock()
         self._clock = itertools.count()
         self._server: ThreadingHTTPServer | None = None
@@ -143,6 +161,14 @@ class ApiServerDouble:
                 self.logs[(ns, md["name"], container)] = text
         return pod
 
+    def add_object(self, gv: str, plural: str, ns: str, obj: dict) -> None:
+        """Store an object some other installer created (the KFP API Service, a LocalQueue; ns "": cluster-scoped)."""
+        obj = copy.deepcopy(obj)
+        obj.setdefault("metadata", {}).update(uid=str(uuid.uuid4()), creationTimestamp=self._timestamp(), **({"namespace": ns} if ns else {}))
+        obj["apiVersion"], obj["kind"] = gv, KNOWN[(gv, plural)]
+        with self.lock:
+            self.store[(gv, plural, ns, obj["metadata"]["name"])] = obj
+
     def _timestamp(self) -> str:
         # distinct, increasing seconds: "newest first" is well defined even within one real second
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(1_700_000_000 + next(self._clock)))
@@ -152,15 +178,23 @@ class ApiServerDouble:
         self.requests.append((method, path + (("?" + "&".join(f"{k}={v[0]}" for k, v in query.items())) if query else "")))
         if headers.get("Authorization") != f"Bearer {self.token}":
             return _status(401, "Unauthorized", "Unauthorized")
+        if path == _SSAR and method == "POST":
+            return self._review(json.loads(body or b"{}"))
+        dm = _DISCOVERY.match(path)
+        if dm and method == "GET":
+            return self._discovery(dm.group("group"), dm.group("version"))
         nsm = _NAMESPACES.match(path)
         if nsm:
             return self._namespace(method, nsm.group("name"), body)
         m = _PATH.match(path)
+        cm = None if m else _CLUSTER_PATH.match(path)
+        if cm and method == "GET" and cm.group("plural") in _CLUSTER_SCOPED:
+            return self._cluster_scoped(cm.group("group"), cm.group("plural"), cm.group("name"))
         if not m:
             return 404, "text/plain", b"404 page not found\n"
         gv = m.group("group") or CORE
         plural, ns, name = m.group("plural"), m.group("ns"), m.group("name")
-        if gv in CRD_GROUPS and gv not in self.crds:
+        if gv in CRD_GROUPS + OPTIONAL_GROUPS and gv not in self.crds:
             return 404, "text/plain", b"404 page not found\n"  # what an API server says for an unknown group
         if (gv, plural) not in KNOWN:
             return 404, "text/plain", b"404 page not found\n"
@@ -203,6 +237,60 @@ class ApiServerDouble:
                 self._delete(key)
                 return _status(200, "", "", status="Success", details={"name": name, "kind": plural})
         return _status(405, "MethodNotAllowed", method)
+
+    def _served(self) -> list[str]:
+        return [*BUILTIN_GROUPS, *(g for g in CRD_GROUPS + OPTIONAL_GROUPS if g in self.crds)]
+
+    def _discovery(self, group: str | None, version: str | None):
+        """``/apis``: the served groups; ``/apis/GROUP/VERSION``: that group's resources (404 when not served)."""
+        self.calls.add(("get", "", "discovery"))
+        if ("get", "discovery") in self.forbidden:
+            return _status(403, "Forbidden", 'forbidden: User "tester" cannot get path "/apis"')
+        if group is None:
+            groups = []
+            for gv in self._served():
+                g, v = gv.split("/")
+                entry = {"groupVersion": gv, "version": v}
+                groups.append({"name": g, "versions": [entry], "preferredVersion": entry})
+            return 200, "application/json", json.dumps({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}).encode()
+        gv = f"{group}/{version}"
+        if gv not in self._served():
+            return 404, "text/plain", b"404 page not found\n"
+        if gv in self.discovery_forbidden:
+            return _status(403, "Forbidden", f'forbidden: User "tester" cannot get path "/apis/{gv}"')
+        resources = [
+            {"name": plural, "singularName": kind.lower(), "namespaced": plural not in _CLUSTER_SCOPED, "kind": kind,
+             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
+            for (g, plural), kind in KNOWN.items() if g == gv
+        ]
+        return 200, "application/json", json.dumps({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}).encode()
+
+    def _cluster_scoped(self, gv: str, plural: str, name: str | None):
+        """Get or list a cluster-scoped custom object (stored under namespace "")."""
+        if gv in CRD_GROUPS + OPTIONAL_GROUPS and gv not in self.crds:
+            return 404, "text/plain", b"404 page not found\n"
+        verb = "get" if name else "list"
+        self.calls.add((verb, gv.rpartition("/")[0], plural))
+        if (verb, plural) in self.forbidden:
+            return _status(403, "Forbidden", f'{plural} is forbidden: User "tester" cannot {verb} resource "{plural}" at the cluster scope')
+        with self.lock:
+            if name:
+                obj = self.store.get((gv, plural, "", name))
+                return (200, "application/json", json.dumps(obj).encode()) if obj else _not_found(plural, name)
+            items = [o for (g, p, n, _), o in sorted(self.store.items()) if (g, p, n) == (gv, plural, "")]
+        doc = {"apiVersion": gv, "kind": KNOWN[(gv, plural)] + "List", "metadata": {"resourceVersion": "1"}, "items": items}
+        return 200, "application/json", json.dumps(doc).encode()
+
+    def _review(self, review: dict):
+        """A SelfSubjectAccessReview: allowed unless the test made (verb, resource[/subresource]) forbidden."""
+        self.calls.add(("create", "authorization.k8s.io", "selfsubjectaccessreviews"))
+        attrs = (review.get("spec") or {}).get("resourceAttributes") or {}
+        resource = attrs.get("resource", "") + ("/" + attrs["subresource"] if attrs.get("subresource") else "")
+        with self.lock:
+            self.reviews.append((attrs.get("verb"), attrs.get("group", ""), resource, attrs.get("namespace")))
+        allowed = (attrs.get("verb"), resource) not in self.forbidden
+        doc = {**review, "status": {"allowed": allowed, **({} if allowed else {"reason": "RBAC: no rule allows it"})}}
+        return 201, "application/json", json.dumps(doc).encode()
 
     def _namespace(self, method: str, name: str | None, body: bytes):
         """Namespaces are cluster-scoped: get one, or create one (POST to the collection)."""

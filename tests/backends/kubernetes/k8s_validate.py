@@ -24,7 +24,8 @@ SHARED_SCHEMAS = (Path(__file__).resolve().parents[3] / ".." / "shared" / "schem
 VENDORED_SCHEMAS = Path(__file__).resolve().parent / "crds"  # unchanged copies, for machines without shared/
 SCHEMAS = SHARED_SCHEMAS if SHARED_SCHEMAS.is_dir() else VENDORED_SCHEMAS
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
-CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Secret", "Namespace", "ServiceAccount", "Role", "RoleBinding"}
+CORE_KINDS = {"ConfigMap", "Service", "PersistentVolumeClaim", "Job", "Pod", "Secret", "Namespace", "ServiceAccount", "Role", "RoleBinding",
+              "Deployment", "Ingress"}  # the last two: the Helm chart of kubetune server (deploy/helm/kubetune)
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow-training-operator-v1.9/kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "kubeflow-trainer-v2.3.0/trainer.kubeflow.org_trainjobs.yaml",
@@ -66,7 +67,7 @@ def validate(obj: dict) -> None:
         problems.append(f"metadata.name '{name}' is not an RFC 1035 label of at most 63 characters")
     if kind in CORE_KINDS:
         problems += _core(obj)
-        if kind == "Job":
+        if kind in ("Job", "Deployment"):
             problems += _pod_rules(obj["spec"]["template"]["spec"], "spec.template.spec")
             problems += _core(_as_pod(obj["spec"]["template"]))
     elif (obj.get("apiVersion"), kind) in CRDS:
@@ -191,7 +192,7 @@ def _cross_rules(objects: list[dict]) -> None:
         by_kind.setdefault(o["kind"], []).append(o)
     for svc in by_kind.get("Service", []):
         sel = svc["spec"]["selector"]
-        jobs = by_kind.get("Job", [])
+        jobs = by_kind.get("Job", []) + by_kind.get("Deployment", [])
         if not any(all(j["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items()) for j in jobs):
             problems.append(f"Service {svc['metadata']['name']} selects no rendered pod")
         for j in jobs:

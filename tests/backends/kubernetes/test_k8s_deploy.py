@@ -76,7 +76,7 @@ def test_sample_job_spec_renders_for_every_flavour():
         validate_all(render(job, flavor))
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cuda"])
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cuda", "Dockerfile.rocm", "Dockerfile.gaudi"])
 def test_images_install_kubetune_and_run_its_cli(dockerfile):
     text = (DEPLOY / dockerfile).read_text(encoding="utf-8")
     for src in re.findall(r"^COPY\s+(.+?)\s+\S+$", text, flags=re.M):
@@ -89,5 +89,6 @@ def test_images_install_kubetune_and_run_its_cli(dockerfile):
     assert "!src/" in ignore and "!pyproject.toml" in ignore
     from kubetune import __version__
 
-    tag = f"{__version__}-cuda" if dockerfile.endswith("cuda") else __version__
+    flavour = dockerfile.partition(".")[2]
+    tag = f"{__version__}-{flavour}" if flavour else __version__
     assert f"{C.K8S_IMAGE_REPO}:{tag}" in text  # the build line names the image the render defaults to

@@ -243,6 +243,7 @@ ERRORS = [
     (dict(output={"uri": "s3://results/phi3"}), ["output.uri s3://results/phi3", "oci://"]),
     (dict(dataset={"mix": [{"source": "https://example.com/more.jsonl"}]}), ["dataset.mix", "one dataset"]),
     (dict(dataset={"eval_source": "https://example.com/eval.jsonl"}), ["dataset.eval_source", "dataset.eval_split"]),
+    (dict(dataset={"preprocess": {"file": "https://example.com/prep.py"}}), ["dataset.preprocess", "runs no kubetune code", "--flavor job"]),
     (dict(resources={"accelerators": 2, "processes_per_node": 2}), ["resources.processes_per_node 2", "kubernetes.kaito.instance_type"]),
     (dict(resources={"nodes": 2}), ["resources.nodes 2", "one node"]),
     (dict(model={"source": "builtin://tiny-chat"}), ["model.source builtin://tiny-chat", "no Kaito preset"]),

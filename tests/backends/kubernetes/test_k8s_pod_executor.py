@@ -176,3 +176,26 @@ def test_two_node_job_trains_with_torchrun(s3, capitals, tmp_path):
     assert "x 2 process(es)" in pods[0].output("worker")
     assert not (pods[1].host_path(C.K8S_OUTPUT_DIR) / C.DONE_FILE).exists()
     assert C.EVENT_LINE_PREFIX not in pods[1].output("worker")  # only rank 0 reports; its log is the record
+
+
+@pytest.mark.slow
+def test_tiny_job_runs_its_staged_preprocess_code_in_the_pod(s3, capitals, tmp_path):
+    """dataset.preprocess with a local file: staged beside the dataset, named by the spec in the ConfigMap, fetched
+    and run by the worker in the pod (no init container), and the model trains on what it returned."""
+    if not _fetch_available():
+        pytest.skip("`kubetune fetch` (the storage CLI) is not available yet: the init containers cannot run")
+    code = tmp_path / "prep.py"
+    code.write_text("def keep_odd(rows):\n    return [row for i, row in enumerate(rows) if i % 2]\n")
+    spec = _tiny_spec(s3, capitals)
+    spec["dataset"] = {"source": str(capitals), "preprocess": {"file": str(code), "function": "keep_odd"}}
+    job = load_spec(spec)
+    stage_inputs(job)
+    assert s3.client.get_object(Bucket=s3.bucket, Key="staging/tiny-k8s/preprocess/prep.py")["Body"].read() == code.read_bytes()
+    objects = render(job, "job")
+    (pod,) = PodExecutor(objects, workdir=tmp_path / "cluster", secrets=_secrets(s3), bin_dirs=[BIN], extra_env=OFFLINE, timeout=500).run()
+    assert pod.ok, pod.describe()
+    total = len(capitals.read_text().splitlines())
+    # (the executor runs the pod's paths under its volume folders: /workspace/data is pod.host_path of it)
+    assert f"preprocessed {pod.host_path(C.K8S_DATA_DIR)} with prep.py:keep_odd: {total} rows in, {total // 2} rows out" in pod.output("worker")
+    result = json.loads((pod.host_path(C.K8S_OUTPUT_DIR) / C.RESULT_FILE).read_text())
+    assert result["data"]["rows"] == total // 2

@@ -80,8 +80,11 @@ def test_default_image_follows_the_version_and_accelerator():
 
     assert _main(_workload(render(_job("cpu"), "job")))["image"] == f"{C.K8S_IMAGE_REPO}:{__version__}"
     assert _main(_workload(render(_job("mig"), "job")))["image"] == f"{C.K8S_IMAGE_REPO}:{__version__}-cuda"
+    assert _main(_workload(render(_job("amd-2x4", ["kubernetes.image=null"]), "job")))["image"] == f"{C.K8S_IMAGE_REPO}:{__version__}-rocm"
+    assert _main(_workload(render(_job("gaudi-8", ["kubernetes.image=null"]), "job")))["image"] == f"{C.K8S_IMAGE_REPO}:{__version__}-gaudi"
+    # No image ships for other vendors (Intel GPUs, ...): the spec must name one.
     with pytest.raises(SpecError, match="kubernetes.image"):
-        render(_job("amd-2x4", ["kubernetes.image=null"]), "job")
+        render(_job("amd-2x4", ["kubernetes.image=null", "resources.accelerator_type=gpu.intel.com/i915"]), "job")
 
 
 def test_job_single_process_runs_the_worker_directly():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubetune.backends.kubernetes import render, stage_inputs, staged_uri
 from kubetune.errors import SpecError
@@ -91,3 +93,34 @@ def test_no_cluster_is_said_before_anything_is_uploaded(s3, tmp_path, kubetune_c
     assert r.returncode == 2, r.stdout + r.stderr
     assert expected in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert s3.client.list_objects_v2(Bucket=s3.bucket).get("KeyCount", 0) == 0, "nothing may be uploaded"
+
+
+def test_the_preprocess_code_is_staged_and_the_worker_fetches_it(s3, tmp_path):
+    """dataset.preprocess.file travels like a local dataset: uploaded to the staging URI, named there in the spec the
+    pod reads; no init container fetches it, the worker does (with the pod's S3 credentials)."""
+    from kubetune import constants as C
+    from kubetune.data.preprocess import preprocess_inputs
+
+    from .k8s_validate import validate_all
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"q": "a", "a": "b"}\n{"q": "c", "a": "d"}\n')
+    code = tmp_path / "prep.py"
+    code.write_text("def transform(rows):\n    return ({'prompt': r['q'] + '!', 'completion': r['a']} for r in rows)\n")
+    job = load_spec(_spec(s3, dataset={"source": str(data), "preprocess": {"file": str(code), "function": "transform"}}))
+    uploads = stage_inputs(job)
+    assert (str(code), s3.uri("staging/stage-me/preprocess/prep.py")) in uploads
+    objects = render(job, "job")
+    validate_all(objects)
+    assert "fetch-preprocess" not in [c["name"] for c in objects[-1]["spec"]["template"]["spec"]["initContainers"]]
+    in_pod = next(o for o in objects if o["kind"] == "ConfigMap")["data"][C.K8S_SPEC_KEY]
+    assert str(code) not in in_pod
+    pod_job = load_spec(yaml.safe_load(in_pod))
+    assert pod_job.dataset.preprocess.file == uploads[-1][1]
+    out = preprocess_inputs(pod_job, {"dataset": data})["dataset"]  # what the worker's prepare stage runs in the pod
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == ["a!", "c!"]
+    # a local file without a staging URI is refused, naming the field
+    bare = _spec(s3, dataset={"source": "s3://bucket/rows.jsonl", "preprocess": {"file": str(code)}})
+    bare["kubernetes"] = {}
+    with pytest.raises(SpecError, match="dataset.preprocess.file is a local path"):
+        render(load_spec(bare), "job")

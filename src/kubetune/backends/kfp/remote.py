@@ -210,6 +210,8 @@ def stage_inputs(job: TuneJob, job_id: str) -> tuple[TuneJob, list[dict]]:
         slots.append(("eval", data["dataset"], "eval_source", "dataset.eval_source"))
     for i, entry in enumerate(data["dataset"].get("mix") or []):
         slots.append((f"mix-{i}", entry, "source", f"dataset.mix[{i}].source"))
+    if data["dataset"].get("preprocess"):  # the code of dataset.preprocess, which the train task fetches
+        slots.append(("preprocess", data["dataset"]["preprocess"], "file", "dataset.preprocess.file"))
     local = [(slot, holder, key, name) for slot, holder, key, name in slots if _is_local(holder[key])]
     if not local:
         return job, []

@@ -100,8 +100,9 @@ def train_stage(spec_text: str, run_dir: str, *, model_dir: str, dataset_dir: st
 
                 pull_checkpoint(sync, run)  # verified after the download, like the local ones
         try:
-            from ...worker import prepare_data, set_cpu_threads
+            from ...worker import check_device, prepare_data, set_cpu_threads
 
+            check_device(job, run, is_main)
             threads = set_cpu_threads(job)
             if threads is not None:
                 _stage(run if is_main else None, C.STAGE_PREPARE, threads)
@@ -353,7 +354,7 @@ def custom_stage(spec_text: str, run_dir: str, *, entrypoint_code: str, record_d
 def _custom_rank(spec_file: str, run_dir: str) -> int:
     """One rank of :func:`custom_stage`: the function, with failures recorded as the worker records them."""
     from ...training import distributed
-    from ...worker import run_custom
+    from ...worker import check_device, run_custom
 
     is_main = ranks.is_main_process()
     run = _open_run(run_dir)
@@ -363,6 +364,7 @@ def _custom_rank(spec_file: str, run_dir: str) -> int:
             if not run.spec_file.is_file():  # on a server; locally the submitter wrote the spec as submitted
                 run.spec_file.write_text(dump_spec(job), encoding="utf-8")
             run.start(worker_pid=os.getpid(), **distributed.state_extra())
+        check_device(job, run, is_main)  # a task without the accelerators it asked for fails now, as in the worker
         return run_custom(job, run, is_main=is_main, started=time.time())
     except KubetuneError as e:
         reason, code = str(e), 2

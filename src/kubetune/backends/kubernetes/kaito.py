@@ -66,6 +66,9 @@ def check(job: TuneJob) -> None:
     preset_name(job)  # model.source errors next: they say the most about whether Kaito fits at all
     if d.mix:
         raise SpecError("dataset.mix: Kaito trains on one dataset", hint="merge the files into dataset.source, or " + _JOB_HINT)
+    if d.preprocess is not None:
+        raise SpecError("dataset.preprocess: Kaito's trainer reads the dataset itself and runs no kubetune code",
+                        hint="preprocess the rows first and point dataset.source at the result, or " + _JOB_HINT)
     if d.eval_source:
         raise SpecError(
             "dataset.eval_source: Kaito holds out evaluation rows from the training data only",

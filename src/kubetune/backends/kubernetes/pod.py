@@ -53,8 +53,9 @@ CREDENTIALS_HINT = (
 )
 
 
-def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
-    """(spec field, role, directory in the pod, value) of every model and dataset source (none for an entrypoint job)."""
+def _input_fields(job: TuneJob) -> list[tuple[str, str, str | None, str | None]]:
+    """(spec field, role, directory in the pod, value) of every model and dataset source (and dataset.preprocess's
+    code, which the worker fetches itself: no directory); none for an entrypoint job."""
     if job.entrypoint is not None:  # the user's function fetches what it needs itself
         return []
     d = job.dataset
@@ -67,6 +68,8 @@ def _input_fields(job: TuneJob) -> list[tuple[str, str, str, str | None]]:
         fields.append(("method.dpo.reference", "reference", f"{C.K8S_WORKSPACE}/reference", job.method.dpo.reference))
     for i, extra in enumerate(getattr(d, "mix", None) or []):  # more datasets trained together with source
         fields.append((f"dataset.mix.{i}.source", f"mix-{i}", f"{C.K8S_WORKSPACE}/mix-{i}", extra.source))
+    if getattr(d, "preprocess", None) is not None:  # no init container: the worker fetches the code (a local file: staged)
+        fields.append(("dataset.preprocess.file", "preprocess", None, d.preprocess.file))
     return fields
 
 
@@ -254,19 +257,21 @@ def worker_command(job: TuneJob, inputs: list[Input], *, launcher: str) -> tuple
 
 
 def shipped_image(job: TuneJob) -> str | None:
-    """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com), None where none ships."""
+    """The kubetune image of this version for the job's accelerators (-cuda for nvidia.com, -rocm for amd.com,
+    -gaudi for habana.ai), None where none ships."""
     from ..._version import __version__
 
     r = job.resources
     if r.accelerators == 0:
         return f"{C.K8S_IMAGE_REPO}:{__version__}"
-    if r.accelerator_type.startswith("nvidia.com/"):
-        return f"{C.K8S_IMAGE_REPO}:{__version__}{C.K8S_CUDA_TAG_SUFFIX}"
+    for prefix, suffix in C.K8S_ACCELERATOR_TAG_SUFFIXES.items():
+        if r.accelerator_type.startswith(prefix):
+            return f"{C.K8S_IMAGE_REPO}:{__version__}{suffix}"
     return None
 
 
 def default_image(job: TuneJob) -> str:
-    """The worker image: the spec's, else the kubetune image of this version (-cuda for nvidia.com resources).
+    """The worker image: the spec's, else the kubetune image of this version for its accelerators (:func:`shipped_image`).
 
     Raises:
         SpecError: accelerators other than NVIDIA's and no ``kubernetes.image``.
@@ -275,8 +280,8 @@ def default_image(job: TuneJob) -> str:
     if image is None:
         raise SpecError(
             f"kubernetes.image: kubetune ships no image for {job.resources.accelerator_type}",
-            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=...) "
-            "and set kubernetes.image; see docs/kubernetes.md",
+            hint="build one from deploy/Dockerfile with your vendor's PyTorch base image (--build-arg BASE_IMAGE=... "
+            "--build-arg INSTALL_TORCH=0) and set kubernetes.image; see docs/accelerators.md",
         )
     return image
 
