@@ -155,3 +155,17 @@ def test_a_raising_function_fails_the_pod_with_its_traceback(tmp_path):
     status = json.loads((pod.host_path(C.K8S_OUTPUT_DIR) / C.STATUS_FILE).read_text())
     assert status["state"] == C.STATE_FAILED
     assert status["reason"] == "the training function boom.py:main raised KeyError: 'no such column' (traceback in the job's log)"
+
+
+def test_two_pods_run_the_function_as_one_job_of_two_ranks(tmp_path):
+    """nodes: 2 on the job flavour: an Indexed Job and a headless Service; the pods' ranks rendezvous and all-reduce."""
+    spec = _spec(tmp_path, resources={"nodes": 2, "processes_per_node": 1, "cpu": "1", "memory": "2Gi"})
+    objects = render(load_spec(spec), "job")
+    validate_all(objects)
+    pods = PodExecutor(objects, workdir=tmp_path / "cluster", bin_dirs=[BIN], extra_env=POD_ENV, timeout=300).run()
+    assert all(p.ok for p in pods), "\n\n".join(p.describe() for p in pods)
+    assert "hello from rank 0 of 2 in-a-pod" in pods[0].output("worker")
+    assert "hello from rank 1 of 2 in-a-pod" in pods[1].output("worker")
+    run = pods[0].host_path(C.K8S_OUTPUT_DIR)  # rank 0's pod writes the run directory
+    assert json.loads((run / C.RESULT_FILE).read_text())["metrics"] == {"rank_sum": 1.0}
+    assert not (pods[1].host_path(C.K8S_OUTPUT_DIR) / C.DONE_FILE).exists()
