@@ -373,3 +373,20 @@ def test_serving_an_entrypoint_run_says_to_serve_the_saved_model(tmp_path):
     with pytest.raises(SourceError, match="the run ran a custom training function") as e:
         resolve_sources(str(run))
     assert "kubetune serve RUN/model" in str(e.value)
+
+
+def test_the_cli_runs_it_and_reports_mistakes_in_one_message(tmp_path, kubetune_cli):
+    import subprocess
+
+    import yaml
+
+    fn = _write(tmp_path, "def main():\n    raise ValueError('bad batch')\n")
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "cli-fn", "entrypoint": {"file": "train.py"}, "output": {"dir": str(tmp_path / "run")}}))
+    out = subprocess.run([*kubetune_cli, "run", str(spec_file)], capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode != 0
+    assert "the training function train.py:main raised ValueError: bad batch" in out.stdout + out.stderr
+    fn.unlink()
+    out = subprocess.run([*kubetune_cli, "run", str(spec_file), "--set", "output.dir=" + str(tmp_path / "run2")],
+                         capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode == 2 and "entrypoint.file: no such file" in out.stderr and "Traceback" not in out.stderr
