@@ -3,9 +3,6 @@ no helm binary), every object validated strictly, and the job chart's launcher r
 
 from __future__ import annotations
 
-import copy
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from .apiserver_double import ApiServerDouble
 from .cli_process import run_kubetune
 from .k8s_validate import validate_all
 
-import helm_python as helm  # noqa: E402  (the test extra installs helm-python-sdk)
+import helm_python as helm  # the test extra installs helm-python-sdk
 
 REPO = Path(__file__).resolve().parents[3]
 SERVER_CHART = REPO / "deploy" / "helm" / "kubetune"
