@@ -438,3 +438,22 @@ def test_kaito_conditions_map_to_states():
 def test_kaito_section_is_checked_when_the_spec_loads(kaito, field):
     with pytest.raises(SpecError, match=field.replace(".", r"\.")):
         load_spec(_spec(kubernetes={"kaito": kaito}))
+
+
+def test_a_local_dataset_is_staged_and_given_to_kaito_as_a_presigned_url(double, backend, s3, tmp_path):
+    import urllib.request
+
+    data = tmp_path / "capitals.jsonl"
+    data.write_text('{"prompt": "Capital of France?", "completion": "Paris"}\n', encoding="utf-8")
+    job = _job([f"dataset.source={data}", f"kubernetes.staging_uri={s3.uri('staging')}"])
+    # a render (pure) shows where kubetune run uploads the file; only a submission can sign a URL
+    (_, ws) = render(job, "kaito")
+    assert ws["tuning"]["input"]["urls"] == [s3.uri("staging/phi3-capitals/data/capitals.jsonl")]
+    backend.submit(job)
+    (url,) = double.get(*WS, "ml", "phi3-capitals")["tuning"]["input"]["urls"]
+    assert url.startswith(s3.endpoint) and "X-Amz-Signature=" in url and "X-Amz-Expires=604800" in url
+    with urllib.request.urlopen(url, timeout=10) as r:  # what Kaito's data-downloader does with it
+        assert r.read() == data.read_bytes()
+    folder = _job([f"dataset.source={tmp_path}", f"kubernetes.staging_uri={s3.uri('staging')}"])
+    with pytest.raises(SpecError, match="is a folder"):
+        render(folder, "kaito")

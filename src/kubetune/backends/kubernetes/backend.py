@@ -119,7 +119,12 @@ class KubernetesBackend:
 
     def _submit_kaito(self, job: TuneJob, config: list[dict], workspace: dict, ns: str, run_id: str) -> JobRef:
         """The training config ConfigMap, then the Workspace (no owner reference: the ConfigMap exists first;
-        ``cancel`` deletes both)."""
+        ``cancel`` deletes both). A dataset staged to S3 reaches Kaito's data-downloader as a presigned https URL."""
+        data = workspace.get("tuning", {}).get("input", {})
+        if any(u.startswith("s3://") for u in data.get("urls", [])):
+            from ...storage.s3_client import presign_get
+
+            data["urls"] = [presign_get(u, C.K8S_KAITO_PRESIGN_SECONDS) if u.startswith("s3://") else u for u in data["urls"]]
         for obj in config:
             self._create_or_replace(obj, ns)
         try:
