@@ -212,6 +212,7 @@ K8S_TRAINJOB_STEP = "node"  # the runtime's replicated job that runs the trainer
 K8S_KAITO_API_VERSION = "kaito.sh/v1beta1"  # the kaito flavour's Workspace (v1beta1 is the CRD's storage version)
 K8S_KAITO_CONFIG_SUFFIX = "kaito-config"  # <job>-kaito-config: the ConfigMap of Kaito's training config
 K8S_KAITO_CONFIG_KEY = "training_config.yaml"  # the key Kaito reads from that ConfigMap
+K8S_KAITO_PRESIGN_SECONDS = 7 * 24 * 3600  # a staged dataset's presigned URL for Kaito's data-downloader: SigV4's longest
 K8S_KAITO_OUTPUT_DIR = "/mnt/output"  # TrainingArguments.output_dir: Kaito's results volume, pushed as the output image
 # `kubetune deliver --backend kubernetes`: the copy as a batch/v1 Job
 LABEL_DELIVER = f"{LABEL_PREFIX}/deliver"  # on the Job and its pods: the delivery's name

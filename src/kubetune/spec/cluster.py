@@ -266,7 +266,7 @@ class KubernetesSpec(_Section):
     flavor: Literal["job", "pytorchjob", "trainjob", "kaito"] = Field(
         "job",
         description="job: batch/v1 Job (no operator); pytorchjob: Kubeflow training operator; trainjob: Kubeflow Trainer v2; "
-        "kaito: a Kaito tuning Workspace (lora/qlora on Kaito's preset models; render only).",
+        "kaito: a Kaito tuning Workspace (lora/qlora on Kaito's preset models, run by Kaito's own trainer).",
     )
     namespace: str | None = Field(None, description="Namespace (default: the kubeconfig context's, else 'default').")
     image: str | None = Field(

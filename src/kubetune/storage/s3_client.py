@@ -10,7 +10,7 @@ import threading
 from .. import constants as C
 from ._common import concurrency
 
-__all__ = ["client", "endpoint_url"]
+__all__ = ["client", "endpoint_url", "presign_get"]
 
 _clients: dict = {}
 _clients_lock = threading.Lock()
@@ -45,3 +45,28 @@ def client():
                 "s3", endpoint_url=endpoint, region_name=session.region_name or "us-east-1", config=config
             )
         return _clients[key]
+
+
+def presign_get(uri: str, expires_seconds: int) -> str:
+    """A presigned https GET URL of the object ``s3://bucket/key`` (anyone holding it may read that one object
+    until it expires).
+
+    Raises:
+        SourceError: not an s3:// URI of one object.
+    """
+    from ..errors import SourceError
+    from .uri import parse_uri
+
+    loc = parse_uri(uri)
+    if loc.scheme != "s3" or not loc.host or not loc.path or loc.path.endswith("/"):
+        raise SourceError(f"{uri}: a presigned URL names one S3 object (s3://bucket/key)")
+    import boto3
+    from botocore.config import Config
+
+    # SigV4 explicitly: botocore may presign with the deprecated SigV2 for a custom endpoint, which AWS regions
+    # opened since 2014 and newer MinIO refuse.
+    endpoint = endpoint_url()
+    session = boto3.session.Session()
+    signer = session.client("s3", endpoint_url=endpoint, region_name=session.region_name or "us-east-1",
+                            config=Config(signature_version="s3v4", s3={"addressing_style": "path"} if endpoint else None))
+    return signer.generate_presigned_url("get_object", Params={"Bucket": loc.host, "Key": loc.path.lstrip("/")}, ExpiresIn=int(expires_seconds))

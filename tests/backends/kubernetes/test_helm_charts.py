@@ -3,9 +3,6 @@ no helm binary), every object validated strictly, and the job chart's launcher r
 
 from __future__ import annotations
 
-import copy
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from .apiserver_double import ApiServerDouble
 from .cli_process import run_kubetune
 from .k8s_validate import validate_all
 
-import helm_python as helm  # noqa: E402  (the test extra installs helm-python-sdk)
+import helm_python as helm  # the test extra installs helm-python-sdk
 
 REPO = Path(__file__).resolve().parents[3]
 SERVER_CHART = REPO / "deploy" / "helm" / "kubetune"
@@ -166,7 +163,7 @@ def _example(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_job_chart_examples_lint_and_render_valid_objects(example):
+def test_job_chart_examples_lint_and_render_valid_objects(example, tmp_path):
     values = _example(example)
     _lint(JOB_CHART, values)
     objects = _render(JOB_CHART, values, name="my-tune")
@@ -182,6 +179,8 @@ def test_job_chart_examples_lint_and_render_valid_objects(example):
     # The spec in the ConfigMap is the values' spec, and kubetune renders it into valid objects of the flavour.
     spec_cm = next(o for o in objects if o["metadata"]["name"] == "my-tune-spec")
     assert yaml.safe_load(spec_cm["data"]["spec.yaml"]) == values["spec"]
+    mounted = _mount_spec(objects, tmp_path / "etc-kubetune-job")
+    validate_all(render(load_spec(mounted / "spec.yaml", overrides=[f"kubernetes.flavor={flavor}"]), flavor))
 
 
 def test_job_chart_with_the_quickstart_renders_what_kubetune_render_renders(tmp_path):

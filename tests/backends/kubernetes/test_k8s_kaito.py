@@ -322,16 +322,113 @@ def test_cli_render_is_instant_and_errors_exit_2(tmp_path):
     assert "dataset.source s3://datasets/capitals.jsonl" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_run_refuses_and_points_at_kubectl_apply():
-    from kubetune.backends.kubernetes.backend import KubernetesBackend
+WS = (C.K8S_KAITO_API_VERSION, "workspaces")
+TRAINER_LOG = """loading preset phi-3-mini-4k-instruct
+  3%|▎         | 3/100 [00:09<04:51,  3.00s/it]{'loss': 2.3061, 'grad_norm': 1.25, 'learning_rate': 0.0002, 'epoch': 0.06}
+ 10%|█         | 10/100 [00:30<04:30,  3.00s/it]{'loss': 1.7342, 'grad_norm': 0.98, 'learning_rate': 0.00018, 'epoch': 0.2}
+"""
 
-    backend = KubernetesBackend(namespace="ml", kubeconfig="/nonexistent/kubeconfig")
-    with pytest.raises(SpecError) as e:
-        backend.submit(_job())
-    assert "kubectl apply -f -" in e.value.hint and "kubetune render" in e.value.hint
-    assert backend._cluster is None  # refused before connecting: nothing was created
-    with pytest.raises(SpecError, match="method.type full"):  # a spec Kaito cannot run says that first
-        KubernetesBackend(flavor="kaito").submit(_job(method={"type": "full"}))
+
+@pytest.fixture
+def double():
+    from .apiserver_double import CRD_GROUPS, ApiServerDouble
+
+    d = ApiServerDouble(crds=(*CRD_GROUPS, C.K8S_KAITO_API_VERSION), namespaces=("default", "ml")).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def backend(double, tmp_path):
+    from kubetune.backends import get_backend
+
+    return get_backend("kubernetes", kubeconfig=str(double.kubeconfig(tmp_path / "kubeconfig")), cache_seconds=0)
+
+
+def _tuning_pod(double, *, main_state: dict | None = None, phase: str = "Running", logs: str = TRAINER_LOG) -> dict:
+    """The pod Kaito's tuning Job runs: data-downloader, the tuning container, the image-pushing sidecar."""
+    from .apiserver_double import make_pod
+
+    pod = make_pod("phi3-capitals-x7k2p", {"job-name": "phi3-capitals", "batch.kubernetes.io/job-name": "phi3-capitals"},
+                   main="phi3-capitals", image="mcr.microsoft.com/aks/kaito/kaito-phi-3-mini-4k-instruct:0.0.3", phase=phase,
+                   init=[("data-downloader", {"terminated": {"exitCode": 0, "reason": "Completed"}})], main_state=main_state)
+    pod["spec"]["containers"].append({"name": "docker-sidecar", "image": "docker:dind"})
+    pod["status"]["containerStatuses"].append({"name": "docker-sidecar", "image": "docker:dind", "imageID": "", "ready": True, "restartCount": 0,
+                                               "state": {"running": {"startedAt": "2023-11-14T22:13:20Z"}}})
+    return double.add_pod("ml", pod, logs={"data-downloader": "downloaded capitals.jsonl\n", "phi3-capitals": logs,
+                                          "docker-sidecar": "waiting for training to finish\n"})
+
+
+def _conditions(double, *conds: tuple[str, str, str]) -> None:
+    double.set_status(*WS, "ml", "phi3-capitals", {"conditions": [{"type": t, "status": s, "reason": r, "message": r} for t, s, r in conds]})
+
+
+def test_run_status_logs_cancel(double, backend):
+    ref = backend.submit(_job())
+    assert (ref.id, ref.extra["flavor"], ref.extra["namespace"]) == ("phi3-capitals", "kaito", "ml")
+    ws = double.get(*WS, "ml", "phi3-capitals")
+    cm = double.get("v1", "configmaps", "ml", "phi3-capitals-kaito-config")
+    assert ws["tuning"]["config"] == cm["metadata"]["name"] and ws["metadata"]["labels"][C.LABEL_RUN_ID] == ref.extra["run_id"]
+    posts = [path for m, path in double.requests if m == "POST"]
+    assert posts.index("/api/v1/namespaces/ml/configmaps") < posts.index("/apis/kaito.sh/v1beta1/namespaces/ml/workspaces")  # Kaito's webhook reads it
+    assert backend.status(ref).state == C.STATE_PENDING
+    _conditions(double, ("ResourceReady", "False", "provisioning Standard_NC24ads_A100_v4"))
+    st = backend.status(ref)
+    assert st.state == C.STATE_PENDING and "provisioning Standard_NC24ads_A100_v4" in st.reason
+
+    _tuning_pod(double)
+    _conditions(double, ("ResourceReady", "True", "ok"), ("TuningStarted", "True", "started"))
+    st = backend.status(ref)
+    # Kaito's trainer prints no kubetune events: the progress comes from the Trainer's own log lines.
+    assert (st.state, st.step, st.total_steps, st.loss) == (C.STATE_RUNNING, 10, 100, 1.7342)
+    assert [e["data"]["loss"] for e in backend.events(ref)] == [2.3061, 1.7342]
+    lines = list(backend.logs(ref))
+    assert lines[0] == "[data-downloader] downloaded capitals.jsonl" and lines[1] == "loading preset phi-3-mini-4k-instruct"
+    assert lines[-1] == "[docker-sidecar] waiting for training to finish"
+    assert list(backend.logs(ref, follow=True)) == TRAINER_LOG.splitlines()
+    # listed with kubetune's other jobs, and found by name
+    from kubetune.backends import get_backend
+
+    in_ml = get_backend("kubernetes", kubeconfig=backend._kubeconfig, namespace="ml", cache_seconds=0)
+    assert [r.id for r in in_ml.list()] == ["phi3-capitals"] and in_ml.resolve("phi3-capitals").extra["flavor"] == "kaito"
+    assert in_ml.status("phi3-capitals").loss == 1.7342  # `kubetune status phi3-capitals -n ml`
+
+    _conditions(double, ("TuningStarted", "True", "started"), ("TuningComplete", "True", "done"))
+    st = backend.status(ref)
+    assert st.state == C.STATE_SUCCEEDED and st.extra["output_image"] == "registry.example.com/adapters/phi3-capitals:0.1.0"
+
+    backend.cancel(ref)
+    assert double.get(*WS, "ml", "phi3-capitals") is None
+    assert double.get("v1", "configmaps", "ml", "phi3-capitals-kaito-config") is None
+    assert any(m == "PATCH" and "workspaces" in path for m, path in double.requests)  # marked cancelled first
+    assert backend.status(ref).state == C.STATE_CANCELLED
+
+
+def test_a_failed_tuning_pod_is_diagnosed(double, backend):
+    ref = backend.submit(_job())
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    _tuning_pod(double, main_state=oom, phase="Failed", logs=TRAINER_LOG + "torch.OutOfMemoryError: CUDA out of memory\n")
+    _conditions(double, ("TuningStarted", "True", "started"), ("TuningFailed", "True", "JobFailed"))
+    st = backend.status(ref)
+    assert st.state == C.STATE_FAILED
+    assert "phi3-capitals" in st.reason and "memory" in st.reason.lower()  # the container, and what to do about it
+    assert st.extra["exit_code"] == 137 and st.loss == 1.7342
+
+
+def test_kaito_conditions_map_to_states():
+    from kubetune.backends.kubernetes.kaito_run import progress_events, workspace_state
+
+    def ws(*conds, **md):
+        return {"metadata": md, "status": {"conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conds]}}
+
+    assert workspace_state(ws()) == (C.STATE_PENDING, None)
+    assert workspace_state(ws(("WorkspaceSucceeded", "True", "ok")))[0] == C.STATE_SUCCEEDED  # newer Kaito
+    assert workspace_state(ws(("WorkspaceSucceeded", "False", "WorkspaceFailed")))[0] == C.STATE_FAILED
+    assert workspace_state(ws(("TuningFailed", "True", "BackoffLimitExceeded"))) == (C.STATE_FAILED, "BackoffLimitExceeded")
+    assert workspace_state(ws(annotations={C.ANNOTATION_CANCELLED: "2026-01-01T00:00:00Z"}))[0] == C.STATE_CANCELLED
+    # the Trainer's end-of-training summary counts as the last loss; lines that are not its dicts are ignored
+    evs = progress_events("{'train_runtime': 300.1, 'train_loss': 1.5, 'epoch': 2.0}\nnot {'a dict\n")
+    assert [e["data"]["loss"] for e in evs] == [1.5]
 
 
 @pytest.mark.parametrize(
@@ -341,3 +438,22 @@ def test_run_refuses_and_points_at_kubectl_apply():
 def test_kaito_section_is_checked_when_the_spec_loads(kaito, field):
     with pytest.raises(SpecError, match=field.replace(".", r"\.")):
         load_spec(_spec(kubernetes={"kaito": kaito}))
+
+
+def test_a_local_dataset_is_staged_and_given_to_kaito_as_a_presigned_url(double, backend, s3, tmp_path):
+    import urllib.request
+
+    data = tmp_path / "capitals.jsonl"
+    data.write_text('{"prompt": "Capital of France?", "completion": "Paris"}\n', encoding="utf-8")
+    job = _job([f"dataset.source={data}", f"kubernetes.staging_uri={s3.uri('staging')}"])
+    # a render (pure) shows where kubetune run uploads the file; only a submission can sign a URL
+    (_, ws) = render(job, "kaito")
+    assert ws["tuning"]["input"]["urls"] == [s3.uri("staging/phi3-capitals/data/capitals.jsonl")]
+    backend.submit(job)
+    (url,) = double.get(*WS, "ml", "phi3-capitals")["tuning"]["input"]["urls"]
+    assert url.startswith(s3.endpoint) and "X-Amz-Signature=" in url and "X-Amz-Expires=604800" in url
+    with urllib.request.urlopen(url, timeout=10) as r:  # what Kaito's data-downloader does with it
+        assert r.read() == data.read_bytes()
+    folder = _job([f"dataset.source={tmp_path}", f"kubernetes.staging_uri={s3.uri('staging')}"])
+    with pytest.raises(SpecError, match="is a folder"):
+        render(folder, "kaito")

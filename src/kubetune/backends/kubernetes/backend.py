@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ... import constants as C
-from ...errors import BackendError, JobNotFound, SpecError
+from ...errors import BackendError, JobNotFound
 from ...events import JobStatus, parse_event_line, status_from_events
 from ...spec import TuneJob
 from ..base import JobRef
 from . import api as A
 from .diagnose import diagnose, rank0_pod, trainer_progress, workload_state
+from .kaito_run import main_container, output_image, pod_selector, progress_events, workspace_state
 from .pod import cluster_inputs
 from .render import WORKLOAD_KINDS, render
 from .uploads import stage_inputs
@@ -82,14 +83,6 @@ class KubernetesBackend:
             BackendError: staging or an API call failed (the message says what to do).
         """
         flavor = self._flavor or job.kubernetes.flavor
-        if flavor == "kaito":
-            render(job, flavor)  # what Kaito cannot run is said first
-            raise SpecError(
-                "kubernetes.flavor kaito: kubetune renders Kaito Workspaces but does not submit or follow them "
-                "(Kaito's pods carry neither kubetune's labels nor its worker's progress)",
-                hint=f"kubetune render SPEC --flavor kaito | kubectl apply -f -   then   kubectl get workspace {job.name} -w; "
-                "see docs/kubernetes.md",
-            )
         run_id = f"{job.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
         render(job, flavor)  # spec errors before any upload or API call
         ns = self._namespace or job.kubernetes.namespace or self.cluster.namespace  # no cluster configured: said here
@@ -106,6 +99,8 @@ class KubernetesBackend:
             except BackendError as e:
                 if "already exists" not in e.message:
                     raise
+        if flavor == "kaito":  # Kaito's webhook reads the training config when the Workspace is created: it goes first
+            return self._submit_kaito(job, dependents, workload, ns, run_id)
         created = self._create(workload, ns)
         owner = {
             "apiVersion": workload["apiVersion"],
@@ -122,6 +117,24 @@ class KubernetesBackend:
             raise
         return JobRef(id=job.name, backend=self.name, name=job.name, extra={"namespace": ns, "flavor": flavor, "run_id": run_id})
 
+    def _submit_kaito(self, job: TuneJob, config: list[dict], workspace: dict, ns: str, run_id: str) -> JobRef:
+        """The training config ConfigMap, then the Workspace (no owner reference: the ConfigMap exists first;
+        ``cancel`` deletes both). A dataset staged to S3 reaches Kaito's data-downloader as a presigned https URL."""
+        data = workspace.get("tuning", {}).get("input", {})
+        if any(u.startswith("s3://") for u in data.get("urls", [])):
+            from ...storage.s3_client import presign_get
+
+            data["urls"] = [presign_get(u, C.K8S_KAITO_PRESIGN_SECONDS) if u.startswith("s3://") else u for u in data["urls"]]
+        for obj in config:
+            self._create_or_replace(obj, ns)
+        try:
+            self._create(workspace, ns)
+        except BackendError:
+            for obj in config:
+                self._delete(obj["kind"], obj["metadata"]["name"], ns, missing_ok=True)
+            raise
+        return JobRef(id=job.name, backend=self.name, name=job.name, extra={"namespace": ns, "flavor": "kaito", "run_id": run_id})
+
     def status(self, ref: JobRef) -> JobStatus:
         """State from the workload's conditions, progress from the worker's events, reason from the pods."""
         ref = self._ref(ref)
@@ -132,7 +145,7 @@ class KubernetesBackend:
             if (ns, ref.id) in self._cancelled:
                 return JobStatus(state=C.STATE_CANCELLED, reason="cancelled", job_id=ref.id, name=ref.name, backend=self.name)
             raise self._not_found(ref.id, ns) from None
-        state, reason = workload_state(obj, flavor)
+        state, reason = workspace_state(obj) if flavor == "kaito" else workload_state(obj, flavor)
         # An ended workload's events are read once more after it ended: a cached read from while it ran would miss
         # the worker's last lines for good (a follower that sees the end stops reading).
         events, pods = self._events_and_pods(ref, final=state in C.TERMINAL_STATES)
@@ -153,11 +166,14 @@ class KubernetesBackend:
         st.extra = {"namespace": ns, "flavor": flavor, "pods": {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}}
         if "progress_percentage" in progress:
             st.extra["progress_percentage"] = progress["progress_percentage"]
+        if flavor == "kaito" and output_image(obj):  # where Kaito's sidecar pushes (pushed once it succeeded)
+            st.extra["output_image"] = output_image(obj)
+        main = self._main(ref, rank0_pod(pods))
         if state not in (C.STATE_SUCCEEDED, C.STATE_CANCELLED, C.STATE_PREEMPTED):
-            found = diagnose(pods, main_container=C.K8S_MAIN_CONTAINER[flavor], logs_tail=lambda p, c: self._tail(p, c, ns), queue=_queue(obj))
+            found = diagnose(pods, main_container=main or "", logs_tail=lambda p, c: self._tail(p, c, ns), queue=_queue(obj))
             if state == C.STATE_FAILED:
                 st.reason = worker_reason or found or reason or "failed"
-                code = _exit_code(rank0_pod(pods), C.K8S_MAIN_CONTAINER[flavor])
+                code = _exit_code(rank0_pod(pods), main or "")
                 if code is not None:
                     st.extra["exit_code"] = code
             else:
@@ -190,7 +206,7 @@ class KubernetesBackend:
         except JobNotFound:
             raise self._not_found(ref.id, ns) from None
         self._delete(kind, ref.id, ns, missing_ok=True)
-        self._delete("ConfigMap", f"{ref.id}-spec", ns, missing_ok=True)
+        self._delete("ConfigMap", f"{ref.id}-{C.K8S_KAITO_CONFIG_SUFFIX}" if flavor == "kaito" else f"{ref.id}-spec", ns, missing_ok=True)
         if flavor == "job":
             self._delete("Service", ref.id, ns, missing_ok=True)
         self._cancelled.add((ns, ref.id))
@@ -358,7 +374,15 @@ class KubernetesBackend:
 
     # --- pods, logs and events ---------------------------------------------------------------
     def _pods(self, ref: JobRef) -> list[dict]:
+        if ref.extra["flavor"] == "kaito":  # Kaito builds the pods: they carry its Job's labels, not kubetune's
+            return self._list("Pod", ref.extra["namespace"], pod_selector(ref.id))
         return self._list("Pod", ref.extra["namespace"], f"{C.LABEL_JOB}={ref.id},{C.LABEL_FLAVOR}={ref.extra['flavor']}")
+
+    def _main(self, ref: JobRef, pod: dict | None) -> str | None:
+        """The container whose log is the job's: kubetune's worker, or Kaito's tuning container."""
+        if ref.extra["flavor"] == "kaito":
+            return main_container(pod) if pod is not None else None
+        return C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]
 
     def _read_log(self, pod: str, container: str, ns: str, *, tail: int | None = None) -> str:
         kwargs: dict[str, Any] = {"container": container, "_request_timeout": _TIMEOUT}
@@ -384,34 +408,45 @@ class KubernetesBackend:
             return cached[1], cached[2]
         pods = self._pods(ref)
         pod = rank0_pod(pods)
+        main = self._main(ref, pod)
         events: list[dict] = []
-        if pod is not None and _started(pod, C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]):
-            text = self._read_log(pod["metadata"]["name"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]], ref.extra["namespace"])
-            events = [ev for ev in map(parse_event_line, text.splitlines()) if ev is not None]
+        if pod is not None and main and _started(pod, main):
+            text = self._read_log(pod["metadata"]["name"], main, ref.extra["namespace"])
+            if ref.extra["flavor"] == "kaito":  # Kaito's trainer prints the Trainer's log dicts, not kubetune events
+                events = progress_events(text)
+            else:
+                events = [ev for ev in map(parse_event_line, text.splitlines()) if ev is not None]
         self._events_cache[key] = (time.monotonic(), events, pods, final)
         return events, pods
 
     def _all_logs(self, ref: JobRef) -> list[str]:
-        ns, main = ref.extra["namespace"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]
+        ns = ref.extra["namespace"]
         pod = rank0_pod(self._pods(ref))
         if pod is None:
             return []
+        main = self._main(ref, pod)
         lines: list[str] = []
         name = pod["metadata"]["name"]
         for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
             if _started(pod, cs["name"]):
                 lines += [f"[{cs['name']}] {line}" for line in self._read_log(name, cs["name"], ns).splitlines()]
-        if _started(pod, main):
+        if main and _started(pod, main):
             lines += self._read_log(name, main, ns).splitlines()
+        if ref.extra["flavor"] == "kaito":  # Kaito's sidecar pushes the adapter image: its log says where, or why not
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs["name"] != main and _started(pod, cs["name"]):
+                    lines += [f"[{cs['name']}] {line}" for line in self._read_log(name, cs["name"], ns).splitlines()]
         return lines
 
     def _follow_logs(self, ref: JobRef, poll: float = 1.0) -> Iterator[str]:
-        ns, main = ref.extra["namespace"], C.K8S_MAIN_CONTAINER[ref.extra["flavor"]]
+        ns, flavor = ref.extra["namespace"], ref.extra["flavor"]
         while True:  # wait for the worker container to start, or the job to end without it
             pod = rank0_pod(self._pods(ref))
-            if pod is not None and _started(pod, main):
+            main = self._main(ref, pod)
+            if pod is not None and main and _started(pod, main):
                 break
-            state, _ = workload_state(self._get_workload(ref), ref.extra["flavor"])
+            obj = self._get_workload(ref)
+            state, _ = workspace_state(obj) if flavor == "kaito" else workload_state(obj, flavor)
             if state in C.TERMINAL_STATES:
                 yield from self._all_logs(ref)
                 return

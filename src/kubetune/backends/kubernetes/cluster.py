@@ -37,6 +37,7 @@ RBAC_RULES: list[dict] = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "patch", "delete"]},
     {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create", "get", "list", "patch", "delete"]},
     {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["create", "get", "list", "patch", "delete"]},
+    {"apiGroups": ["kaito.sh"], "resources": ["workspaces"], "verbs": ["create", "get", "list", "patch", "delete"]},
 ]
 ROLE_NAME = "kubetune"
 DEFAULT_SERVICE_ACCOUNT = "kubetune"

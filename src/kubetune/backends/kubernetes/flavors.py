@@ -9,7 +9,7 @@
   volumes and placement as a ``runtimePatches`` entry. Runtimes cannot gain init containers through a patch,
   so the trainer container fetches its inputs itself before starting the worker (or Kubeflow's initializers do).
 - ``kaito``: kaito.sh/v1beta1 Workspace (``kaito.py``): Kaito's own trainer on its preset models, configured by a
-  ConfigMap generated from the resolved spec; render only.
+  ConfigMap generated from the resolved spec (kaito_run.py follows it).
 """
 
 from __future__ import annotations
@@ -289,5 +289,5 @@ FLAVORS: dict[str, Callable[[RenderContext], list[dict]]] = {
     "job": render_job,
     "pytorchjob": render_pytorchjob,
     "trainjob": render_trainjob,
-    "kaito": render_kaito,  # a Kaito tuning Workspace (kaito.py): render only
+    "kaito": render_kaito,  # a Kaito tuning Workspace (kaito.py), followed by kaito_run.py
 }

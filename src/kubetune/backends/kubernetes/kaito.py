@@ -190,10 +190,20 @@ def _data_input(job: TuneJob) -> dict:
         if job.kubernetes.image_pull_secrets:
             out["imagePullSecrets"] = list(job.kubernetes.image_pull_secrets)
         return out
+    if (not scheme or scheme == "file") and (job.kubernetes.staging_uri or "").startswith("s3://"):
+        # kubetune run uploads it to the staging prefix and puts a presigned https URL of it here
+        # (backend.py, _presign_kaito_input); a render shows the staged s3:// URI in its place.
+        from .staging import local_path, staged_uri
+
+        if local_path(src).is_dir():
+            raise SpecError(f"dataset.source {src} is a folder: Kaito's data-downloader fetches files by URL, one URL per file",
+                            hint="point dataset.source at one file (JSONL, JSON, CSV or Parquet)")
+        return {"name": job.name, "urls": [staged_uri(job, "data", src)]}
     what = "a local path" if not scheme or scheme == "file" else f"an {scheme}:// URI" if scheme[0] in "aeiou" else f"a {scheme}:// URI"
     raise SpecError(
         f"dataset.source {src} is {what}: Kaito's data-downloader fetches http(s) URLs or an image",
-        hint="publish the file at an https:// URL, or build an image with it under /data (FROM scratch + COPY data.jsonl /data/, "
+        hint="publish the file at an https:// URL, set kubernetes.staging_uri: s3://BUCKET/PREFIX for a local file (kubetune run "
+        "uploads it and gives Kaito a presigned URL), or build an image with it under /data (FROM scratch + COPY data.jsonl /data/, "
         "docker push) and set dataset.source: oci://REGISTRY/REPO:TAG",
     )
 

@@ -24,6 +24,7 @@ WORKLOAD_KINDS = {
     "job": ("batch/v1", "Job", "jobs"),
     "pytorchjob": ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
     "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs"),
+    "kaito": (C.K8S_KAITO_API_VERSION, "Workspace", "workspaces"),  # Kaito runs its own trainer (kaito_run.py follows it)
 }
 
 
