@@ -390,3 +390,10 @@ def test_the_cli_runs_it_and_reports_mistakes_in_one_message(tmp_path, kubetune_
     out = subprocess.run([*kubetune_cli, "run", str(spec_file), "--set", "output.dir=" + str(tmp_path / "run2")],
                          capture_output=True, text=True, timeout=300, cwd="/")
     assert out.returncode == 2 and "entrypoint.file: no such file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_file_imports_its_neighbours_locally(tmp_path):
+    _write(tmp_path, "SCALE = 4.0\n", name="helpers.py")
+    fn = _write(tmp_path, "from helpers import SCALE\n\n\ndef main():\n    import kubetune\n    kubetune.report(step=1, loss=SCALE)\n")
+    st, _, _ = _run(_spec(tmp_path, fn))
+    assert (st.state, st.loss) == (C.STATE_SUCCEEDED, 4.0), st.reason
