@@ -66,6 +66,10 @@ def test_client_drives_a_server(make_server, tmp_path):
     # a custom training function would run a client's code with the server's privileges: refused, nothing queued
     custom = httpx.post(f"{server.url}/jobs", json={"name": "mine", "entrypoint": {"source": "def main():\n    pass\n"}}, headers=headers)
     assert custom.status_code == 400 and custom.json()["error"]["message"].startswith("invalid spec: entrypoint: the jobs server runs")
+    prep = httpx.post(f"{server.url}/jobs", headers=headers, json={
+        "name": "prep", "model": {"source": "builtin://tiny-chat"},
+        "dataset": {"source": "https://example.com/rows.jsonl", "preprocess": {"file": "prep.py"}}})
+    assert prep.status_code == 400 and "dataset.preprocess: the jobs server runs no client code" in prep.json()["error"]["message"]
     assert [s.job_id for s in client.list_jobs()] == [ref.id]
 
     client.delete_job(ref)

@@ -65,6 +65,9 @@ def register(app: FastAPI, store: Store, runner: Runner, config: ServerConfig, p
         if job.entrypoint is not None:  # an API client's code would run with the server's privileges, on its machines
             raise APIError(400, "invalid spec: entrypoint: the jobs server runs the built-in fine-tune only, never a client's "
                            "own training function; run it with kubetune run (docs/custom-training.md)", param="spec", code="invalid_spec")
+        if job.dataset is not None and job.dataset.preprocess is not None:  # the same: a client's code in the server's workers
+            raise APIError(400, "invalid spec: dataset.preprocess: the jobs server runs no client code; preprocess the rows first and "
+                           "upload the result (or run the job with kubetune run)", param="spec", code="invalid_spec")
         resolved = spec_to_dict(job)
         rec = store.add_job(id=job_id, project_id=p["id"], kind="native", model=job.model.source, hyperparameters={}, method={"type": job.method.type},
                             spec=resolved, status="queued", backend=config.backend, fine_tuned_model=None)
