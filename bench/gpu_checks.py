@@ -63,14 +63,18 @@ def check_telemetry() -> tuple[bool, str]:
     return ok, f"reader {s.source}; device 0 over {first.get('samples')} samples: {json.dumps(first)}"
 
 
-def check_quickstart(work: Path) -> tuple[bool, str]:
-    env = {**os.environ, "KUBETUNE_TELEMETRY_INTERVAL": "1", "KUBETUNE_HOME": str(work / "home")}
-    out = work / "run"
+def _quickstart_on_one_gpu(out: Path, env: dict, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    """``kubetune run examples/quickstart.yaml --set resources.accelerators=1`` into ``out``: (the process, seconds)."""
     cmd = [sys.executable, "-m", "kubetune.cli", "run", str(REPO / "examples" / "quickstart.yaml"), "--set", "resources.accelerators=1",
            "--set", f"output.dir={out}"]
     t0 = time.time()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    took = time.time() - t0
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
+    return done, time.time() - t0
+
+
+def check_quickstart(work: Path) -> tuple[bool, str]:
+    out = work / "run"
+    done, took = _quickstart_on_one_gpu(out, {"KUBETUNE_TELEMETRY_INTERVAL": "1", "KUBETUNE_HOME": str(work / "home")}, timeout=400)
     if done.returncode != 0:
         return False, f"exit {done.returncode}: {done.stderr[-1500:]}"
     result = json.loads((out / "result.json").read_text())
@@ -83,13 +87,8 @@ def check_quickstart(work: Path) -> tuple[bool, str]:
 
 
 def check_hidden_gpu(work: Path) -> tuple[bool, str]:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBETUNE_HOME": str(work / "home2")}
-    out = work / "hidden"
-    cmd = [sys.executable, "-m", "kubetune.cli", "run", str(REPO / "examples" / "quickstart.yaml"), "--set", "resources.accelerators=1",
-           "--set", f"output.dir={out}"]
-    t0 = time.time()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    took = time.time() - t0
+    env = {"CUDA_VISIBLE_DEVICES": "", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBETUNE_HOME": str(work / "home2")}
+    done, took = _quickstart_on_one_gpu(work / "hidden", env, timeout=120)
     text = done.stdout + done.stderr
     ok = done.returncode == 2 and "sees no accelerator" in text
     reason = next((ln.strip() for ln in text.splitlines() if "sees no accelerator" in ln), text[-400:])

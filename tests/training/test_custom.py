@@ -155,10 +155,7 @@ def test_cancel_stops_the_function(tmp_path):
     ''')
     client = Client("local")
     ref = client.submit(_spec(tmp_path, fn))
-    deadline = time.monotonic() + 120
-    while client.status(ref).step < 2:
-        assert time.monotonic() < deadline, client.status(ref)
-        time.sleep(0.2)
+    _wait_for_step(client, ref, 2)
     client.cancel(ref)
     assert client.wait(ref, timeout=60).state == C.STATE_CANCELLED
 
@@ -305,10 +302,7 @@ def test_preempt_stops_it_and_a_rerun_resumes(tmp_path):
     spec = _spec(tmp_path, fn)
     client = Client("local")
     ref = client.submit(spec)
-    deadline = time.monotonic() + 120
-    while client.status(ref).step < 2:
-        assert time.monotonic() < deadline, client.status(ref)
-        time.sleep(0.2)
+    _wait_for_step(client, ref, 2)
     client.preempt(ref)
     assert client.wait(ref, timeout=60).state == C.STATE_PREEMPTED
     st, run, _ = _run(spec)
@@ -397,3 +391,11 @@ def test_a_file_imports_its_neighbours_locally(tmp_path):
     fn = _write(tmp_path, "from helpers import SCALE\n\n\ndef main():\n    import kubetune\n    kubetune.report(step=1, loss=SCALE)\n")
     st, _, _ = _run(_spec(tmp_path, fn))
     assert (st.state, st.loss) == (C.STATE_SUCCEEDED, 4.0), st.reason
+
+
+def _wait_for_step(client, ref, step: int, timeout: float = 120) -> None:
+    """Until the running job has reported ``step`` (so a cancel or preemption lands mid-training)."""
+    deadline = time.monotonic() + timeout
+    while client.status(ref).step < step:
+        assert time.monotonic() < deadline, client.status(ref)
+        time.sleep(0.2)

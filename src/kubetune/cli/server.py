@@ -112,7 +112,10 @@ def keys_import(
         raise SpecError(f"--dir {directory}: no key files", hint="one file per project, named as the project, holding its key")
     store = _store(ctx, db, config)
     for f in files:
-        key = f.read_text(encoding="utf-8").strip()
+        try:
+            key = f.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"{f}: cannot read a key from it ({e})", hint="one text file per project, holding its key") from None
         if len(key) < 32 or any(c.isspace() for c in key):
             raise SpecError(f"{f}: a key must be at least 32 characters without spaces (this one: {len(key)})",
                             hint="make one with: kubetune server keys create, or openssl rand -hex 24")

@@ -18,27 +18,7 @@ from kubetune.backends.kfp import render_pipeline
 from kubetune.errors import SpecError
 from kubetune.spec import load_spec
 
-TRAIN_PY = '''
-import os
-
-
-def main(tag: str = "x"):
-    import torch
-    import torch.distributed as dist
-
-    import kubetune
-
-    ctx = kubetune.context()
-    print(f"hello from rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {tag}", flush=True)
-    dist.init_process_group("gloo")
-    t = torch.tensor([float(ctx.rank)])
-    dist.all_reduce(t)
-    kubetune.report(step=1, loss=0.5, total_steps=1, metrics={"rank_sum": t.item()})
-    dist.destroy_process_group()
-    if tag == "fail" and ctx.rank == 1:
-        raise RuntimeError("rank one gave up")
-    return {"tag": tag}
-'''
+from _support.custom_functions import TRAIN_PY
 
 
 def _spec(tmp_path: Path, **entrypoint) -> dict:

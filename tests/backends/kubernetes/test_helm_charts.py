@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import helm_python as helm  # the test extra installs helm-python-sdk (Helm's Go SDK; no helm binary)
 import pytest
 import yaml
 
@@ -17,8 +18,6 @@ from kubetune.spec import load_spec
 from .apiserver_double import ApiServerDouble
 from .cli_process import run_kubetune
 from .k8s_validate import validate_all
-
-import helm_python as helm  # the test extra installs helm-python-sdk
 
 REPO = Path(__file__).resolve().parents[3]
 SERVER_CHART = REPO / "deploy" / "helm" / "kubetune"
@@ -129,6 +128,9 @@ def test_the_server_reads_the_charts_config_and_imports_its_keys(tmp_path):
     (keys / "research").write_text("short")
     bad = run_kubetune("server", "keys", "import", "--dir", str(keys), env=env)
     assert bad.returncode == 2 and "at least 32 characters" in bad.stderr and "Traceback" not in bad.stderr
+    (keys / "research").write_bytes(b"\xff\xfe not text")
+    unreadable = run_kubetune("server", "keys", "import", "--dir", str(keys), env=env)
+    assert unreadable.returncode == 2 and "cannot read a key" in unreadable.stderr and "Traceback" not in unreadable.stderr
 
 
 @pytest.mark.parametrize(
@@ -260,7 +262,5 @@ def _plural(kind: str) -> str:
 
 
 def _run_id(double: ApiServerDouble) -> str:
-    jobs = [n for n in double.names("batch/v1", "jobs", "team-a")]
-    (name,) = jobs
-    (job,) = [double.get("batch/v1", "jobs", "team-a", name)]
-    return job["metadata"]["labels"][C.LABEL_RUN_ID]
+    (name,) = double.names("batch/v1", "jobs", "team-a")
+    return double.get("batch/v1", "jobs", "team-a", name)["metadata"]["labels"][C.LABEL_RUN_ID]

@@ -22,6 +22,7 @@ from kubetune.backends.kubernetes import render
 from kubetune.errors import SpecError
 from kubetune.spec import load_spec
 
+from _support.custom_functions import TRAIN_PY
 from _support.pod_executor import PodExecutor
 
 from .apiserver_double import CORE, ApiServerDouble, make_pod
@@ -32,26 +33,6 @@ BIN = Path(sys.executable).parent
 POD_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {})}
 WORKLOAD = {"job": "Job", "pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}
 
-TRAIN_PY = '''
-import os
-
-
-def main(tag: str = "x"):
-    import torch
-    import torch.distributed as dist
-    import yaml  # from entrypoint.packages
-
-    import kubetune
-
-    ctx = kubetune.context()
-    print(f"hello from rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {tag}", flush=True)
-    dist.init_process_group("gloo")
-    t = torch.tensor([float(ctx.rank)])
-    dist.all_reduce(t)
-    kubetune.report(step=1, loss=0.5, total_steps=1, metrics={"rank_sum": t.item()})
-    dist.destroy_process_group()
-    return {"tag": tag}
-'''
 
 
 def _spec(tmp_path: Path, **extra) -> dict:

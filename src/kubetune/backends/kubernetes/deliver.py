@@ -21,6 +21,7 @@ from typing import Callable
 from ... import constants as C
 from ...errors import BackendError, SpecError
 from ...redact import has_credentials
+from ...spec.cluster import K8S_QUANTITY_RE
 from .api import Cluster, api_call
 from .pod import CREDENTIALS_HINT
 from .staging import is_local
@@ -30,7 +31,6 @@ __all__ = ["DeliverOptions", "render_job", "run", "default_name"]
 _CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|CREDENTIAL", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmMGTPE])?$")
 
 
 @dataclass
@@ -106,7 +106,7 @@ def render_job(src: str, dest: str, opts: DeliverOptions) -> dict:
         container["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
     volume: dict = {"name": "workspace", "emptyDir": {}}
     if opts.disk:
-        if not _QUANTITY.match(opts.disk):
+        if not K8S_QUANTITY_RE.match(opts.disk):
             raise SpecError(f"--disk {opts.disk!r} is not a quantity", hint="e.g. --disk 200Gi")
         container["resources"] = {"requests": {"ephemeral-storage": opts.disk}}
         volume["emptyDir"] = {"sizeLimit": opts.disk}
