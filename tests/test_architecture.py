@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("worker", "launch", "distributed"),
     ("backends",),
     ("client", "sweep", "serve"),
+    ("integrations",),  # other frameworks' plug-ins (the llama-stack provider): drive kubetune through the client
     ("server",),  # the jobs service: drives backends through the client, chats through serve
     ("cli",),
 ]

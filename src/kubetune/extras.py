@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "qlora": ("bitsandbytes",),
     "sweep": ("matplotlib",),
     "tracking": ("tensorboard", "mlflow", "wandb"),
+    "llama-stack": ("llama_stack", "llama_stack_client"),
 }
 _OWNER = {module: extra for extra, modules in EXTRAS.items() for module in modules}
 

@@ -417,7 +417,7 @@ def worker(ctx: typer.Context) -> None:
 
 
 # --- commands contributed by other modules (kept light: they import lazily) ------------------------
-for _mod in ("storage", "deliver", "kubernetes", "cluster", "serve", "data", "presets", "sweep", "server"):  # one module per command group
+for _mod in ("storage", "deliver", "kubernetes", "cluster", "serve", "data", "presets", "sweep", "server", "llama_stack"):  # one module per command group
     importlib.import_module(f"{__package__}.{_mod}").register(app)
 
 

@@ -201,6 +201,9 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
     from .sweeps import register as register_sweeps
 
     register_sweeps(app, store, runner, config, project)
+    from .post_training import register as register_post_training
+
+    register_post_training(app, store, runner, config, project)
 
     # -- models and chat --------------------------------------------------------------------------
     @app.get("/v1/models")
