@@ -5,12 +5,14 @@ once as a KFP local pipeline (the seed's own flow)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from llama_stack_client import BadRequestError, LlamaStackClient
 
-from .conftest import LlamaStack, capitals, wait_status
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared helpers
+from _support.llama_stack import LlamaStack, capitals, wait_status  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -67,7 +67,11 @@ def config(
         raise SpecError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
     text = yaml.safe_dump(run_config(provider=provider, store_dir=store_dir, inline=inline, remote=remote, host=host, port=port), sort_keys=False)
     if output:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise SpecError(f"--output {output}: cannot write it ({e.strerror or e})") from None
         typer.echo(f"wrote {output}; start it with: llama stack run {output}", err=True)
     else:
         typer.echo(text, nl=False)

@@ -1,5 +1,5 @@
-"""Fixtures of the llama-stack tests: a real ``llama stack run`` server started on 127.0.0.1 with the run config
-``kubetune llama-stack config`` writes, and the official ``llama-stack-client``."""
+"""The llama-stack tests' helpers (tests/integrations, tests/server): a real ``llama stack run`` server started on
+127.0.0.1 with the run config ``kubetune llama-stack config`` writes, polled through the official ``llama-stack-client``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared helpers
-from _support.fixtures_servers import free_port  # noqa: E402
+from .fixtures_servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
