@@ -111,3 +111,22 @@ def test_remote_provider_forwards_a_llama_stack_server_to_kubetune_server(make_s
         assert len(direct.datasets.iterrows(dataset_id="rt-1-train").data) == 64
     finally:
         stack.stop()
+
+
+def test_preference_optimize_is_a_dpo_job(make_server):
+    server = make_server().start()
+    key = server.key("team-a")
+    client = LlamaStackClient(base_url=server.url.removesuffix("/v1"), api_key=key)
+    rows = [{"prompt": f"What is the capital of {r['messages'][0]['content'].split()[-1].rstrip('?')}?",
+             "chosen": r["messages"][1]["content"], "rejected": "I do not know."} for r in capitals(48)]
+    client.datasets.register(purpose="post-training/messages", source={"type": "rows", "rows": rows}, dataset_id="prefs")
+    client.post_training.preference_optimize(job_uuid="po-1", finetuned_model="tiny-chat", training_config=_training(2, dataset="prefs"),
+                                             algorithm_config={"reward_scale": 1.0, "reward_clip": 5.0, "epsilon": 0.1, "gamma": 0.99},
+                                             hyperparam_search_config={}, logger_config={})
+    assert wait_status(client, "po-1", {"completed"}).status == "completed"
+    native = httpx.get(f"{server.url}/jobs/po-1", headers={"Authorization": f"Bearer {key}"}).json()
+    assert native["kind"] == "llama_stack"
+    events = httpx.get(f"{server.url}/jobs/po-1/events", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    assert any("reward_scale: TRL's DPO loss has no such setting" in e["message"] for e in events)  # said, not silently dropped
+    result = json.loads((Path(server.data) / "runs" / "po-1" / "result.json").read_text())
+    assert result["objective"] == "dpo"
