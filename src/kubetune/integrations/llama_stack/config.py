@@ -32,7 +32,7 @@ class KubetuneInlineConfig(BaseModel):
         "the request's values win.")
     state_dir: str | None = Field(
         None, description="Where the provider keeps its job records, rows and run directories (default: kubetune's state "
-        "directory, ~/.cache/kubetune/llama-stack).")
+        "directory: ~/.local/state/kubetune/llama-stack, or $KUBETUNE_HOME/llama-stack).")
 
     @classmethod
     def sample_run_config(cls, __distro_dir__: str = "", **_kwargs: Any) -> dict[str, Any]:
