@@ -12,8 +12,6 @@ import httpx
 import pytest
 from llama_stack_client import AuthenticationError, BadRequestError, LlamaStackClient, NotFoundError
 
-from .conftest import wait_for  # noqa: F401  (the server tests' helpers)
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared helpers
 from _support.llama_stack import LlamaStack, capitals, wait_status  # noqa: E402
 
