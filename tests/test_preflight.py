@@ -53,6 +53,14 @@ def test_remote_sources_are_not_checked_here(tmp_path, capitals):
     check_local(load_spec(job_dict(tmp_path, capitals, model={"source": "hf://org/model"}, dataset={"source": "s3://bucket/data.jsonl"})))
 
 
+def test_a_volume_is_the_kaito_flavours_only(tmp_path, capitals):
+    job = load_spec(job_dict(tmp_path, capitals, dataset={"source": "pvc://team-data"}, output={"uri": "pvc://team-out"}))
+    text = problems(job)
+    assert "dataset.source: pvc://team-data is a PersistentVolumeClaim, which only kubernetes.flavor kaito mounts" in text
+    assert "output.uri: pvc://team-out is a PersistentVolumeClaim" in text
+    assert "relative paths resolve" not in text  # no local path is at fault
+
+
 def test_relative_sources_use_the_specs_rules(tmp_path, capitals, monkeypatch):
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "train.jsonl").write_text(capitals.read_text())

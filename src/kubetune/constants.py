@@ -101,6 +101,8 @@ STAGE_PUBLISH = "publish"
 
 # --- builtin models --------------------------------------------------------------------------
 BUILTIN_SCHEME = "builtin"
+# pvc://CLAIM: a PersistentVolumeClaim, the kaito flavour's volume input and output (Kaito mounts it; nothing fetches it)
+PVC_SCHEME = "pvc"
 BUILTIN_TINY_CHAT = "tiny-chat"
 
 # --- job spec limits (spec/, spec/reader.py) -------------------------------------------------

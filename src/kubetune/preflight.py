@@ -25,7 +25,7 @@ from typing import Any
 from . import constants as C
 from .errors import SpecError
 
-__all__ = ["check_local", "check_model_config", "read_model_config", "model_max_positions", "entrypoint_problems"]
+__all__ = ["check_local", "check_model_config", "read_model_config", "model_max_positions", "entrypoint_problems", "volume_problems"]
 
 # Kernel filesystems: writing results there fails, or worse, does something.
 _SYSTEM_ROOTS = tuple(Path(p) for p in C.OUTPUT_FORBIDDEN_ROOTS)
@@ -61,7 +61,7 @@ def check_local(job: Any) -> None:
         raise SpecError(
             "the job cannot run on this machine:\n  " + "\n  ".join(problems),
             problems=problems,
-            hint="relative paths resolve against the current directory, then the spec file's" if sources else None,
+            hint="relative paths resolve against the current directory, then the spec file's" if len(sources) > len(volume_problems(job)) else None,
         )
 
 
@@ -144,14 +144,26 @@ def entrypoint_problems(entrypoint: Any) -> list[str]:
     return problems
 
 
+def volume_problems(job: Any) -> list[str]:
+    """``pvc://`` inputs and outputs, which only the kaito flavour reads and writes (Kaito mounts the claim)."""
+    fields = [("model.source", job.model.source), ("dataset.source", job.dataset.source), ("output.uri", job.output.uri)]
+    if job.dataset.eval_source:
+        fields.append(("dataset.eval_source", job.dataset.eval_source))
+    fields += [(f"dataset.mix[{i}].source", m.source) for i, m in enumerate(job.dataset.mix)]
+    prefix = f"{C.PVC_SCHEME}://"
+    return [f"{field}: {value} is a PersistentVolumeClaim, which only kubernetes.flavor kaito mounts (Kaito reads and writes the "
+            "volume itself); use s3://, https://, oci:// or hf:// here (kubetune deliver copies data there)"
+            for field, value in fields if value and str(value).lower().startswith(prefix)]
+
+
 def _source_problems(job: Any) -> list[str]:
+    problems = volume_problems(job)
     fields = [("model.source", job.model.source), ("dataset.source", job.dataset.source)]
     if job.dataset.eval_source:
         fields.append(("dataset.eval_source", job.dataset.eval_source))
     fields += [(f"dataset.mix[{i}].source", m.source) for i, m in enumerate(job.dataset.mix)]
     if job.dataset.preprocess is not None:
         fields.append(("dataset.preprocess.file", job.dataset.preprocess.file))
-    problems = []
     for field, value in fields:
         path = _local_path(value)
         if path is None:

@@ -32,14 +32,15 @@ BUILTIN_OPERATIONS = {
     "http": {DOWNLOAD},
     "https": {DOWNLOAD},
     "oci": {DOWNLOAD, PUSH, SYNC},
+    "pvc": {FETCH},  # the kaito flavour's volume: fetching one is a clear error (Kaito mounts it)
 }
-SUPPORTED = "use a local path, file://, builtin://, hf://, s3://, http(s):// or oci://"
+SUPPORTED = "use a local path, file://, builtin://, hf://, s3://, http(s)://, oci:// or pvc://"
 
 
 # --- the built-in schemes ---------------------------------------------------------------------------
 def test_every_scheme_module_declares_the_operations_it_implements():
     modules = [m.name for m in pkgutil.iter_modules([str(Path(schemes.__file__).parent)])]
-    assert sorted(modules) == ["builtin", "hf", "http", "local", "oci", "s3"]
+    assert sorted(modules) == ["builtin", "hf", "http", "local", "oci", "pvc", "s3"]
     for name in modules:
         module = importlib.import_module(f"kubetune.storage.schemes.{name}")
         defined = [s for s in schemes.registered() if type(s).__module__ == module.__name__]
@@ -55,7 +56,7 @@ def test_every_scheme_module_declares_the_operations_it_implements():
 
 
 def test_the_registry_is_the_one_list_of_schemes():
-    assert schemes.names() == ("file", "builtin", "hf", "s3", "http", "https", "oci")
+    assert schemes.names() == ("file", "builtin", "hf", "s3", "http", "https", "oci", "pvc")
     assert uri.REMOTE_SCHEMES == schemes.names(remote=True) == ("hf", "s3", "http", "https", "oci")
     for name in schemes.names():
         assert is_remote(f"{name}://host/x") == (name in uri.REMOTE_SCHEMES)

@@ -89,6 +89,8 @@ def status_rows(data: dict, now: float) -> list[tuple[str, str]]:
     rows += [(k, f"{extra[k]:.4g}") for k in PREFERENCE_STATUS_KEYS if isinstance(extra.get(k), (int, float))]  # DPO / ORPO
     if isinstance(extra.get("output_image"), str):  # Kaito pushes the adapter as an image
         rows.append(("output_image", extra["output_image"]))
+    if isinstance(extra.get("output_volume"), str):  # ... or writes it to a PersistentVolumeClaim
+        rows.append(("output_volume", extra["output_volume"]))
     if isinstance(extra.get("device"), str):
         rows.append(("device", extra["device"]))
     rows += device_rows(extra.get("devices"))

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 
-# Schemes a model, dataset or output may name. A plain path (no scheme) is a local path.
-URI_SCHEMES = ("file", "hf", "s3", "http", "https", "oci", "builtin")
+# Schemes a model, dataset or output may name. A plain path (no scheme) is a local path. pvc://CLAIM: the kaito
+# flavour's volume input and output only (every other backend and flavour refuses it).
+URI_SCHEMES = ("file", "hf", "s3", "http", "https", "oci", "builtin", "pvc")
 _SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

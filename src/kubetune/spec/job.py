@@ -376,8 +376,8 @@ class OutputSpec(_Section):
             return v
         check_uri(v)
         m = _SCHEME_RE.match(v)
-        if not m or m.group(1).lower() not in ("s3", "oci", "file"):
-            raise ValueError(f"output.uri must be s3://..., oci://... or file://..., got '{v}'")
+        if not m or m.group(1).lower() not in ("s3", "oci", "file", "pvc"):
+            raise ValueError(f"output.uri must be s3://..., oci://..., file://... or pvc://CLAIM (the kaito flavour's volume), got '{v}'")
         return v
 
 

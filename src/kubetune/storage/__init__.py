@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Importing a scheme module registers it; this order (not alphabetical) is the order messages list them in.
 # Aliased: this package's own s3, hf and oci are the transports (kubetune.storage.s3), not these adapters.
-from .schemes import local as _local, builtin as _builtin, hf as _hf, s3 as _s3, http as _http, oci as _oci  # noqa: F401, I001
+from .schemes import local as _local, builtin as _builtin, hf as _hf, s3 as _s3, http as _http, oci as _oci, pvc as _pvc  # noqa: F401, I001
 from .sync import OutputSync
 from .uri import is_remote, parse_uri, redact
 

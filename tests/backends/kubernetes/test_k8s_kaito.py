@@ -64,7 +64,8 @@ def _kaito_webhook(objects: list[dict]) -> None:
     assert tuning["preset"]["name"]
     sources = [k for k in ("urls", "image", "volumeSource") if tuning["input"].get(k)]
     assert len(sources) == 1, f"exactly one of urls, image, volume: {tuning['input']}"
-    assert tuning["output"]["image"] and tuning["output"]["imagePushSecret"]
+    out = tuning["output"]
+    assert (out.get("image") and out.get("imagePushSecret")) or (out.get("volumeSource") and not out.get("image")), f"an image or a volume: {out}"
     assert ws["resource"].get("count", 1) == 1 and "partition" not in ws["resource"]
     assert ws["resource"]["labelSelector"]["matchLabels"]
     text = cm["data"]["training_config.yaml"]
@@ -223,6 +224,24 @@ def test_oci_dataset_is_an_input_image_with_pull_secrets():
     assert objects[1]["tuning"]["input"] == {"name": "phi3-capitals", "image": "registry.example.com/data/capitals:1", "imagePullSecrets": ["registry-pull"]}
 
 
+def test_volumes_in_and_out_are_persistent_volume_claims():
+    job = _job(dataset={"source": "pvc://team-data"}, output={"uri": "pvc://team-adapters"}, kubernetes={"kaito": {"push_secret": None}})
+    objects = render(job)
+    validate_all(objects)  # volumeSource is a v1 volume source inside the CRD's schema
+    _kaito_webhook(objects)
+    tuning = objects[1]["tuning"]
+    assert tuning["input"] == {"name": "phi3-capitals", "volumeSource": {"persistentVolumeClaim": {"claimName": "team-data", "readOnly": True}}}
+    assert tuning["output"] == {"volumeSource": {"persistentVolumeClaim": {"claimName": "team-adapters"}}}  # no push Secret needed
+
+
+@pytest.mark.parametrize("flavor", ["job", "pytorchjob", "trainjob"])
+def test_a_volume_uri_is_the_kaito_flavours_only(flavor):
+    with pytest.raises(SpecError) as e:
+        render(_job(dataset={"source": "pvc://team-data"}, kubernetes={"flavor": flavor}))
+    assert "dataset.source: pvc://team-data is a PersistentVolumeClaim, which only kubernetes.flavor kaito mounts" in e.value.message
+    assert "--flavor kaito" in e.value.hint
+
+
 def test_own_gpu_nodes_by_node_selector():
     spec = _spec(kubernetes={"node_selector": {"accelerator": "nvidia-a100"}})
     del spec["kubernetes"]["kaito"]["instance_type"]  # Kaito's node auto-provisioning off: bring your nodes
@@ -236,11 +255,13 @@ ERRORS = [
     (dict(method={"type": "full"}), ["method.type full", "kaito tunes with lora or qlora; use --flavor job"]),
     (dict(method={"type": "dora"}), ["method.type dora", "use --flavor job"]),
     (dict(method={"type": "lora", "objective": "dpo"}), ["method.objective dpo", "supervised fine-tuning only"]),
-    (dict(dataset={"source": "examples/data/capitals.jsonl"}), ["dataset.source", "local path", "Kaito's data-downloader fetches http(s) URLs or an image", "oci://"]),
-    (dict(dataset={"source": "s3://datasets/capitals.jsonl"}), ["dataset.source s3://", "Kaito's data-downloader fetches http(s) URLs or an image"]),
+    (dict(dataset={"source": "examples/data/capitals.jsonl"}), ["dataset.source", "local path", "Kaito's data-downloader fetches http(s) URLs, an image or a volume (pvc://CLAIM)", "oci://"]),
+    (dict(dataset={"source": "s3://datasets/capitals.jsonl"}), ["dataset.source s3://", "Kaito's data-downloader fetches http(s) URLs, an image or a volume"]),
     (dict(dataset={"source": "https://localhost:8080/capitals.jsonl"}), ["dataset.source", "localhost"]),
-    (dict(output={"uri": None}), ["output.uri (unset)", "only as an image", "oci://"]),
+    (dict(output={"uri": None}), ["output.uri (unset)", "as an image or onto a volume", "oci://", "pvc://CLAIM"]),
     (dict(output={"uri": "s3://results/phi3"}), ["output.uri s3://results/phi3", "oci://"]),
+    (dict(dataset={"source": "pvc://team-data/capitals"}), ["dataset.source pvc://team-data/capitals", "whole volume", "pvc://team-data"]),
+    (dict(output={"uri": "pvc://Team_Out"}), ["output.uri pvc://Team_Out", "not a PersistentVolumeClaim name"]),
     (dict(dataset={"mix": [{"source": "https://example.com/more.jsonl"}]}), ["dataset.mix", "one dataset"]),
     (dict(dataset={"eval_source": "https://example.com/eval.jsonl"}), ["dataset.eval_source", "dataset.eval_split"]),
     (dict(dataset={"preprocess": {"file": "https://example.com/prep.py"}}), ["dataset.preprocess", "runs no kubetune code", "--flavor job"]),
@@ -457,3 +478,12 @@ def test_a_local_dataset_is_staged_and_given_to_kaito_as_a_presigned_url(double,
     folder = _job([f"dataset.source={tmp_path}", f"kubernetes.staging_uri={s3.uri('staging')}"])
     with pytest.raises(SpecError, match="is a folder"):
         render(folder, "kaito")
+
+
+def test_a_run_that_writes_to_a_volume_reports_the_claim(double, backend):
+    ref = backend.submit(_job(dataset={"source": "pvc://team-data"}, output={"uri": "pvc://team-adapters"}, kubernetes={"kaito": {"push_secret": None}}))
+    ws = double.get(*WS, "ml", "phi3-capitals")
+    assert ws["tuning"]["output"] == {"volumeSource": {"persistentVolumeClaim": {"claimName": "team-adapters"}}}
+    _conditions(double, ("TuningStarted", "True", "started"), ("TuningComplete", "True", "done"))
+    st = backend.status(ref)
+    assert st.state == C.STATE_SUCCEEDED and st.extra["output_volume"] == "pvc://team-adapters" and "output_image" not in st.extra

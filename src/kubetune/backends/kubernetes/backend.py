@@ -19,7 +19,7 @@ from ...spec import TuneJob
 from ..base import JobRef
 from . import api as A
 from .diagnose import diagnose, rank0_pod, trainer_progress, workload_state
-from .kaito_run import main_container, output_image, pod_selector, progress_events, workspace_state
+from .kaito_run import main_container, output_image, output_volume, pod_selector, progress_events, workspace_state
 from .pod import cluster_inputs
 from .render import WORKLOAD_KINDS, render
 from .uploads import stage_inputs
@@ -168,6 +168,8 @@ class KubernetesBackend:
             st.extra["progress_percentage"] = progress["progress_percentage"]
         if flavor == "kaito" and output_image(obj):  # where Kaito's sidecar pushes (pushed once it succeeded)
             st.extra["output_image"] = output_image(obj)
+        elif flavor == "kaito" and output_volume(obj):  # the claim Kaito writes the adapter to
+            st.extra["output_volume"] = output_volume(obj)
         main = self._main(ref, rank0_pod(pods))
         if state not in (C.STATE_SUCCEEDED, C.STATE_CANCELLED, C.STATE_PREEMPTED):
             found = diagnose(pods, main_container=main or "", logs_tail=lambda p, c: self._tail(p, c, ns), queue=_queue(obj))

@@ -14,6 +14,7 @@ error that names the field and the way out (usually ``--flavor job``), never a s
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +25,8 @@ from ...errors import SpecError
 from ...spec import KubernetesSpec, TuneJob
 
 __all__ = ["render_kaito", "check", "preset_name", "target_modules", "training_config", "kaito_names"]
+
+_CLAIM_RE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a PersistentVolumeClaim's name (a DNS subdomain)
 
 _JOB_HINT = "use --flavor job (or pytorchjob/trainjob), which runs kubetune's own worker"
 # Kaito preset name prefixes -> the architecture (config.model_type) whose module names target_modules.yaml
@@ -185,6 +188,8 @@ def _data_input(job: TuneJob) -> dict:
                 hint="publish the file at a public https:// URL, or in an image (see below)",
             )
         return {"name": job.name, "urls": [src]}
+    if scheme == C.PVC_SCHEME:
+        return {"name": job.name, "volumeSource": _claim_volume(src, "dataset.source", read_only=True)}
     if scheme == "oci":
         out: dict[str, Any] = {"name": job.name, "image": src[len("oci://"):]}
         if job.kubernetes.image_pull_secrets:
@@ -201,20 +206,35 @@ def _data_input(job: TuneJob) -> dict:
         return {"name": job.name, "urls": [staged_uri(job, "data", src)]}
     what = "a local path" if not scheme or scheme == "file" else f"an {scheme}:// URI" if scheme[0] in "aeiou" else f"a {scheme}:// URI"
     raise SpecError(
-        f"dataset.source {src} is {what}: Kaito's data-downloader fetches http(s) URLs or an image",
-        hint="publish the file at an https:// URL, set kubernetes.staging_uri: s3://BUCKET/PREFIX for a local file (kubetune run "
+        f"dataset.source {src} is {what}: Kaito's data-downloader fetches http(s) URLs, an image or a volume (pvc://CLAIM)",
+        hint="publish the file at an https:// URL, put it on a PersistentVolumeClaim and set dataset.source: pvc://CLAIM, set kubernetes.staging_uri: s3://BUCKET/PREFIX for a local file (kubetune run "
         "uploads it and gives Kaito a presigned URL), or build an image with it under /data (FROM scratch + COPY data.jsonl /data/, "
         "docker push) and set dataset.source: oci://REGISTRY/REPO:TAG",
     )
 
 
+def _claim_volume(uri: str, field: str, *, read_only: bool) -> dict:
+    """A ``pvc://CLAIM`` URI as the v1 volume source Kaito mounts (the whole claim: Kaito takes no sub-path)."""
+    from ...storage.schemes.pvc import claim_of
+
+    claim, path = claim_of(uri)
+    if len(claim) > 253 or not _CLAIM_RE.fullmatch(claim):
+        raise SpecError(f"{field} {uri}: '{claim}' is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')",
+                        hint="pvc://CLAIM names a PersistentVolumeClaim in the job's namespace")
+    if path:
+        raise SpecError(f"{field} {uri}: Kaito mounts a whole volume, not a folder in it", hint=f"use pvc://{claim} and keep only this job's files on it")
+    return {"persistentVolumeClaim": {"claimName": claim, **({"readOnly": True} if read_only else {})}}
+
+
 def _output_image(job: TuneJob) -> dict:
-    """tuning.output: Kaito pushes the adapter as an image, with a push Secret."""
+    """tuning.output: Kaito pushes the adapter as an image, with a push Secret, or writes it to a volume (pvc://CLAIM)."""
     uri = job.output.uri
+    if uri and uri.startswith(f"{C.PVC_SCHEME}://"):
+        return {"volumeSource": _claim_volume(uri, "output.uri", read_only=False)}
     if not uri or not uri.startswith("oci://"):
         raise SpecError(
-            f"output.uri {uri or '(unset)'}: Kaito publishes the adapter only as an image",
-            hint="set output.uri: oci://REGISTRY/REPO:TAG (and kubernetes.kaito.push_secret)",
+            f"output.uri {uri or '(unset)'}: Kaito publishes the adapter as an image or onto a volume",
+            hint="set output.uri: oci://REGISTRY/REPO:TAG (and kubernetes.kaito.push_secret), or pvc://CLAIM (a PersistentVolumeClaim Kaito writes to)",
         )
     secret = job.kubernetes.kaito.push_secret
     if not secret:

@@ -17,7 +17,7 @@ import re
 from ... import constants as C
 from ...events import EventType, make_event
 
-__all__ = ["workspace_state", "pod_selector", "main_container", "progress_events", "output_image"]
+__all__ = ["workspace_state", "pod_selector", "main_container", "progress_events", "output_image", "output_volume"]
 
 # tqdm's bar as the Trainer prints it: " 12%|█▏        | 12/100 [00:31<03:48,  2.60s/it]"
 _BAR = re.compile(r"(\d+)/(\d+) \[")
@@ -94,3 +94,10 @@ def progress_events(log: str, *, time: float | None = None) -> list[dict]:
 def output_image(obj: dict) -> str | None:
     """The image Kaito pushes the adapter to (the Workspace's ``tuning.output.image``: Kaito's Workspace has no ``spec``)."""
     return (((obj.get("tuning") or {}).get("output") or {}).get("image")) or None
+
+
+def output_volume(obj: dict) -> str | None:
+    """The PersistentVolumeClaim Kaito writes the adapter to (``tuning.output.volumeSource``), as ``pvc://CLAIM``."""
+    source = (((obj.get("tuning") or {}).get("output") or {}).get("volumeSource")) or {}
+    claim = (source.get("persistentVolumeClaim") or {}).get("claimName")
+    return f"pvc://{claim}" if claim else None

@@ -53,6 +53,11 @@ def render(job: TuneJob, flavor: str | None = None, *, run_id: str | None = None
         from .kaito import check as kaito_check
 
         kaito_check(job)
+    else:
+        from ...preflight import volume_problems
+
+        if volume_problems(job):
+            raise SpecError(volume_problems(job)[0], hint="or run it with --flavor kaito (docs/kubernetes.md, Kaito)")
     P.resources(job)  # resource names and quantities first: they explain an image error too
     ctx = RenderContext(
         job=job,
