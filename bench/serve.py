@@ -114,8 +114,8 @@ class Server:
         self.thread.join(30)
 
 
-async def drive(port: int, requests: list[list[dict]], max_tokens: int, concurrency: int) -> dict:
-    """Keep `concurrency` requests in flight until all are answered."""
+async def drive(port: int, requests: list[list[dict]], max_tokens: int, concurrency: int, *, model: str = "tiny-chat") -> dict:
+    """Keep `concurrency` requests in flight until all are answered (``model``: the id the server serves)."""
     import httpx
 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -130,7 +130,7 @@ async def drive(port: int, requests: list[list[dict]], max_tokens: int, concurre
             while queue:
                 messages = queue.pop(0)
                 t = time.perf_counter()
-                r = await client.post(url, json={"model": "tiny-chat", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+                r = await client.post(url, json={"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
                 r.raise_for_status()
                 lat.append(time.perf_counter() - t)
                 tokens += r.json()["usage"]["completion_tokens"]
