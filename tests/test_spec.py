@@ -43,7 +43,7 @@ BAD = [
     (spec(training={"global_batch_size": 8, "gradient_accumulation_steps": 2}), "set either global_batch_size or gradient_accumulation_steps, not both"),
     (spec(resources={"accelerators": 1, "processes_per_node": 4}), "resources.processes_per_node (4) exceeds resources.accelerators (1)"),
     (spec(name="My Job"), "name: 'My Job' is not a valid job name"),
-    (spec(output={"uri": "https://example.com/out"}), "output.uri must be s3://..., oci://..., file://... or pvc://CLAIM"),
+    (spec(output={"uri": "https://example.com/out"}), "output.uri must be s3://..., oci://..., hf://ORG/NAME, file://... or pvc://CLAIM"),
     ({"dataset": {"source": "d.jsonl"}}, "model: required field is missing"),
     (spec(resources={"cpu": "eight"}), "resources.cpu: expected a Kubernetes quantity, got 'eight'"),
     (spec(resources={"cpu": "-2"}), "resources.cpu: expected a Kubernetes quantity, got '-2'"),

@@ -97,8 +97,8 @@ def test_a_builtin_model_to_an_oci_artifact_is_checked_against_its_layers(oci_re
 
 def test_what_cannot_be_delivered_is_one_error(s3, tmp_path):
     (tmp_path / "a.txt").write_text("a")
-    r = _kubetune("deliver", str(tmp_path), "hf://org/model")
-    assert r.returncode == 2 and "deliver writes to s3://, oci:// or file://" in r.stderr and "Traceback" not in r.stderr
+    r = _kubetune("deliver", str(tmp_path), "https://example.com/model")
+    assert r.returncode == 2 and "deliver writes to hf://, s3://, oci:// or file://" in r.stderr and "Traceback" not in r.stderr
     r = _kubetune("deliver", str(tmp_path / "missing"), s3.uri("x"))
     assert r.returncode == 2 and "no such file or directory" in r.stderr
     r = _kubetune("deliver", str(tmp_path), s3.uri("x"), "--secret", "s3-credentials")

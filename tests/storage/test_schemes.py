@@ -27,7 +27,7 @@ STORAGE = Path(schemes.__file__).resolve().parents[1]
 BUILTIN_OPERATIONS = {
     "file": {FETCH, PUSH, SYNC},
     "builtin": {FETCH},
-    "hf": {FETCH},
+    "hf": {FETCH, PUSH, SYNC},
     "s3": {DOWNLOAD, PUSH, SYNC},
     "http": {DOWNLOAD},
     "https": {DOWNLOAD},
@@ -61,7 +61,7 @@ def test_the_registry_is_the_one_list_of_schemes():
     for name in schemes.names():
         assert is_remote(f"{name}://host/x") == (name in uri.REMOTE_SCHEMES)
     assert schemes.get("https") is schemes.get("http")
-    assert [s.display for s in schemes.supporting(PUSH)] == ["s3://", "oci://", "file://"]
+    assert [s.display for s in schemes.supporting(PUSH)] == ["hf://", "s3://", "oci://", "file://"]
 
 
 def test_no_scheme_branches_outside_the_scheme_modules():
@@ -89,10 +89,10 @@ def test_unknown_scheme_is_one_clear_error(tmp_path):
 
 def test_an_operation_a_scheme_lacks_is_named_with_the_ones_that_have_it(tmp_path):
     (tmp_path / "f.txt").write_text("x")
-    with pytest.raises(SourceError, match=r"https://example.com/out: push writes to s3://, oci:// or file:// URIs"):
+    with pytest.raises(SourceError, match=r"https://example.com/out: push writes to hf://, s3://, oci:// or file:// URIs"):
         push(tmp_path / "f.txt", "https://example.com/out")
-    with pytest.raises(SourceError, match=r"hf://org/name: output.uri must be s3://, oci:// or file://"):
-        OutputSync("hf://org/name")
+    with pytest.raises(SourceError, match=r"builtin://tiny-chat: output.uri must be hf://, s3://, oci:// or file://"):
+        OutputSync("builtin://tiny-chat")
 
 
 def test_register_refuses_a_scheme_that_misdeclares():

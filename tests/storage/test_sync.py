@@ -200,5 +200,5 @@ def test_oci_publish_adapter_artifact_and_checkpoints(oci_registry, tmp_path):
 def test_bad_uri_rejected():
     from kubetune.errors import SourceError
 
-    with pytest.raises(SourceError, match="must be s3://, oci:// or file://"):
+    with pytest.raises(SourceError, match="must be hf://, s3://, oci:// or file://"):
         OutputSync("https://example.com/out")

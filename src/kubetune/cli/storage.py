@@ -68,7 +68,7 @@ def fetch(
 
 def push(
     src: Path = typer.Argument(..., help="File or directory to upload."),
-    uri: str = typer.Argument(..., help="Destination: s3://BUCKET/PREFIX, oci://REGISTRY/REPO:TAG or file:///PATH."),
+    uri: str = typer.Argument(..., help="Destination: s3://BUCKET/PREFIX, oci://REGISTRY/REPO:TAG, hf://ORG/NAME[@BRANCH][/DIR] or file:///PATH."),
     tar: bool = typer.Option(False, "--tar", help="Pack SRC into one NAME.tar.gz first (fetch unpacks it)."),
     annotation: List[str] = typer.Option([], "--annotation", "-a", help="KEY=VALUE: OCI manifest annotation or S3 metadata (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),

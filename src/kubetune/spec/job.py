@@ -359,7 +359,7 @@ class OutputSpec(_Section):
     """Where results go."""
 
     dir: str = Field("runs/{name}", description="The local run directory ({name} is replaced by the job name).")
-    uri: str | None = Field(None, description="Also publish results to s3://... or oci://... (checkpoints are synced there).")
+    uri: str | None = Field(None, description="Also publish results to s3://..., oci://..., hf://ORG/NAME or file://... (checkpoints are synced there).")
     merge: bool = Field(False, description="Also write base+adapter merged into merged/.")
 
     @field_validator("dir")
@@ -376,8 +376,8 @@ class OutputSpec(_Section):
             return v
         check_uri(v)
         m = _SCHEME_RE.match(v)
-        if not m or m.group(1).lower() not in ("s3", "oci", "file", "pvc"):
-            raise ValueError(f"output.uri must be s3://..., oci://..., file://... or pvc://CLAIM (the kaito flavour's volume), got '{v}'")
+        if not m or m.group(1).lower() not in ("s3", "oci", "file", "hf", "pvc"):
+            raise ValueError(f"output.uri must be s3://..., oci://..., hf://ORG/NAME, file://... or pvc://CLAIM (the kaito flavour's volume), got '{v}'")
         return v
 
 

@@ -53,7 +53,7 @@ def deliver(src: str, dest: str, *, progress: bool = False, report: Callable[[st
         oci://, ``digest``.
 
     Raises:
-        SourceError: SRC cannot be fetched, DEST cannot be written (hf:// has no writer), or verification failed.
+        SourceError: SRC cannot be fetched, DEST cannot be written, or verification failed.
     """
     from .fetcher import fetch_with_stats
 
@@ -62,7 +62,7 @@ def deliver(src: str, dest: str, *, progress: bool = False, report: Callable[[st
     target = schemes.get(dloc.scheme, dloc.uri)
     if not target.supports(PUSH):
         raise SourceError(f"{dloc.safe}: deliver writes to {schemes.listing(schemes.supporting(PUSH))} destinations",
-                          hint="deliver to s3://BUCKET/PREFIX, oci://REGISTRY/REPO:TAG or a local folder")
+                          hint="deliver to s3://BUCKET/PREFIX, oci://REGISTRY/REPO:TAG, hf://ORG/NAME or a local folder")
     sloc = parse_uri(src)
     report(f"deliver: fetching {sloc.safe}")
     path, fstats = fetch_with_stats(src, progress=progress)
@@ -85,6 +85,10 @@ def deliver(src: str, dest: str, *, progress: bool = False, report: Callable[[st
             _verify_s3(dloc, path, manifest)
         elif dloc.scheme == "oci":
             _verify_oci(dloc, path, manifest)
+        elif dloc.scheme == "hf":  # one commit (atomic); then each file's size and LFS sha256 or git blob id
+            from .hf_push import verify
+
+            verify(parse_uri(_folder_uri(dloc.uri, path)), _files(path))
         else:  # pragma: no cover - a scheme registered later: at least it was written without an error
             report(f"deliver: {dloc.scheme}:// destinations are not verified")
     report(f"deliver: verified {len(manifest)} file(s), {human_bytes(total)} (sizes and checksums)")
