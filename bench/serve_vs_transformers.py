@@ -40,7 +40,9 @@ from _common import machine, median, write_section  # noqa: E402
 from serve import drive, prompts  # noqa: E402  (the same requests and client as bench/serve.py)
 
 SECTION = "## Serving: kubetune serve vs transformers serve --continuous-batching (bench/serve_vs_transformers.py)"
-BIN = Path(sys.executable).parent
+SECTION_CUDA = SECTION.replace("(bench/", "on a GPU (bench/")
+# `transformers ...` with this interpreter (the console script may not be on PATH where transformers came with the image)
+_TRANSFORMERS_CLI = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; sys.exit(main())"
 
 
 def _port() -> int:
@@ -81,8 +83,11 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both servers run (cuda: the first GPU)")
     p.add_argument("--write-docs", action="store_true", help="record the table in docs/benchmarks.md")
     a = p.parse_args()
+    if a.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # both servers on the CPU even where a GPU is present
     home = tempfile.mkdtemp(prefix="kubetune-bench-")
     os.environ.setdefault("KUBETUNE_HOME", home)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -94,10 +99,10 @@ def main() -> None:
     print(f"machine: {where}", flush=True)
     kt_port, hf_port = _port(), _port()
     servers = {
-        "transformers": Proc("transformers serve", [str(BIN / "transformers"), "serve", "--continuous-batching", "--host", "127.0.0.1",
-                                                    "--port", str(hf_port), "--dtype", "float32", str(model_dir)],
+        "transformers": Proc("transformers serve", [sys.executable, "-c", _TRANSFORMERS_CLI, "serve", "--continuous-batching", "--host", "127.0.0.1",
+                                                    "--port", str(hf_port), "--dtype", "float32", *(["--device", "cuda"] if a.device == "cuda" else []), str(model_dir)],
                              hf_port, str(model_dir), Path(home) / "transformers-serve.log"),
-        "kubetune": Proc("kubetune serve", [str(BIN / "kubetune"), "serve", "builtin://tiny-chat", "--port", str(kt_port), "--dtype", "float32",
+        "kubetune": Proc("kubetune serve", [sys.executable, "-m", "kubetune.cli", "serve", "builtin://tiny-chat", "--port", str(kt_port), "--dtype", "float32",
                                             "--max-batch-size", str(max(a.concurrency)), "--served-model-name", "tiny-chat"],
                          kt_port, "tiny-chat", Path(home) / "kubetune-serve.log"),
     }
@@ -133,7 +138,7 @@ def main() -> None:
         f"Command: `{cmd.strip()}`  ",
         f"Machine: {where}; transformers {transformers.__version__}. The shared 2-core development machine: absolute numbers "
         "are noisy, the ratios of interleaved runs are the result.  ",
-        f"Workload: builtin://tiny-chat, float32 on CPU, {a.requests} chat requests per measurement, {a.max_tokens} new tokens each "
+        f"Workload: builtin://tiny-chat, float32 on {'the GPU' if a.device == 'cuda' else 'CPU'}, {a.requests} chat requests per measurement, {a.max_tokens} new tokens each "
         f"(greedy); each server in its own process on 127.0.0.1, started from its CLI; {a.rounds} interleaved rounds, medians.",
         "",
         "| concurrency | transformers serve --continuous-batching: tokens/s | kubetune serve: tokens/s | tokens/s ratio | "
@@ -148,7 +153,7 @@ def main() -> None:
     text = "\n".join(lines)
     print("\n" + text)
     if a.write_docs:
-        write_section(SECTION, text)
+        write_section(SECTION_CUDA if a.device == "cuda" else SECTION, text)
         print("\nwrote docs/benchmarks.md")
 
 
