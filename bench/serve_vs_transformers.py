@@ -62,7 +62,7 @@ class Proc:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{name} exited {self.proc.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:  # both servers have it
                     return
             except httpx.HTTPError:
                 pass
@@ -91,6 +91,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="kubetune-bench-")
     os.environ.setdefault("KUBETUNE_HOME", home)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_CACHE", str(Path(home) / "hf-cache"))  # transformers serve lists the Hub cache; it must exist
+    (Path(os.environ["HF_HUB_CACHE"])).mkdir(parents=True, exist_ok=True)
     from kubetune.training.builtin import materialize
 
     model_dir = materialize("tiny-chat")
