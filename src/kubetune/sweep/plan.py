@@ -131,8 +131,9 @@ def trial_name(sweep_id: str, values: dict[str, Any]) -> str:
     return _fit(name, json.dumps([sweep_id, values], sort_keys=True, default=str), force=not exact)
 
 
-def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: Path) -> TuneJob:
-    """The trial's job: ``job`` with ``values`` applied, its own name, run directory and output URI.
+def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: Path, *, name: str | None = None) -> TuneJob:
+    """The trial's job: ``job`` with ``values`` applied, its own name (``name``, else from the values), run
+    directory and output URI.
 
     The values go through :meth:`TuneJob.with_overrides`, so a swept ``method.type`` brings its own
     preset for every field the base spec did not set.
@@ -140,7 +141,7 @@ def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: P
     Raises:
         SpecError: the values make an invalid job (the message names the trial and the field).
     """
-    name = trial_name(sweep_id, values)
+    name = name or trial_name(sweep_id, values)
     own: dict[str, Any] = {"sweep": None, "name": name, "output.dir": str(directory / C.SWEEP_TRIALS_DIR / name)}
     if job.output.uri:
         own["output.uri"] = _trial_uri(job.output.uri, name)
