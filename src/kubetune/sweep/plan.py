@@ -89,6 +89,11 @@ def check_sweep(job: TuneJob, spec: SweepSpec) -> None:
     Raises:
         SpecError: naming the field to set.
     """
+    if not spec.grid and not spec.random and spec.search == C.SWEEP_SAMPLER_TPE:
+        raise SpecError(
+            "TPE needs a search space, and the sweep has no parameters",
+            hint="give --dist KEY=TYPE:ARGS (e.g. --dist training.learning_rate=log-uniform:1e-5,1e-3) or --grid KEY=V1,V2",
+        )
     if not spec.grid and not spec.random:
         raise SpecError("the sweep has no parameters", hint="give --grid KEY=V1,V2 (e.g. --grid method.lora.r=4,8,16) or a sweep: section with grid or random")
     swept = set(spec.grid) | set(spec.random)
