@@ -115,6 +115,14 @@ def test_a_rerun_continues_the_study_and_a_larger_n_adds_the_difference(double, 
     assert [ft.state for ft in study_of(grown).trials] == [STATES.COMPLETE] * 5
 
 
+def test_a_rerun_that_turns_the_direction_around_needs_a_new_run_id(double, job):
+    double()
+    run_sweep(job(**tpe(1)), backend="double", run_id="dir")
+    with pytest.raises(SpecError, match="study minimizes its objective; this spec says maximize") as e:
+        run_sweep(job(**tpe(2), direction="maximize"), backend="double", run_id="dir")
+    assert "--run-id" in e.value.hint
+
+
 def test_an_interrupted_tpe_trial_stays_running_in_the_study_and_the_rerun_resumes_it(double, job):
     backend = double()
     submitted: list[str] = []

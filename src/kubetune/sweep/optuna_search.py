@@ -112,7 +112,13 @@ class OptunaSearch:
             self.study = optuna.create_study(
                 storage=storage, study_name=sweep_id, direction=spec.direction, sampler=sampler, pruner=self._pruner(), load_if_exists=True
             )
-        self._reported: dict[str, set[int]] = {}
+        wanted = optuna.study.StudyDirection.MINIMIZE if spec.direction == "minimize" else optuna.study.StudyDirection.MAXIMIZE
+        if self.study.direction != wanted:
+            raise SpecError(
+                f"sweep {sweep_id}'s Optuna study {self.study.direction.name.lower()}s its objective; this spec says {spec.direction}",
+                hint="pass a new --run-id to start a fresh sweep, or restore sweep.direction to continue this one",
+            )
+        self._reported: dict[int, set[int]] = {}  # study trial number -> steps reported
 
     def _pruner(self) -> Any:
         rule = self.spec.early_stopping
@@ -168,9 +174,12 @@ class OptunaSearch:
         return None if ft is None else ft.number
 
     def attach(self, name: str) -> int:
-        """Give the kubetune trial ``name`` its study trial (pruning a grid or random sweep), once; its number."""
+        """Give the kubetune trial ``name`` its study trial (pruning a grid or random sweep), once; its number.
+
+        A grid or random trial that failed earlier runs again (as without Optuna) under a new study trial.
+        """
         ft = self._frozen(name)
-        if ft is not None:
+        if ft is not None and (self.tpe or ft.state != self.optuna.trial.TrialState.FAIL):
             return ft.number
         trial = self.study.ask()
         trial.set_user_attr(STUDY_TRIAL_ATTR, name)
@@ -186,7 +195,7 @@ class OptunaSearch:
         ft = self._frozen(name)
         if ft is None or not history or ft.state != self.optuna.trial.TrialState.RUNNING:
             return None
-        seen = self._reported.setdefault(name, set(ft.intermediate_values))
+        seen = self._reported.setdefault(ft.number, set(ft.intermediate_values))
         new = [(s, v) for s, v in history if s not in seen]
         if not new:
             return None
@@ -212,15 +221,16 @@ class OptunaSearch:
             self.study.tell(ft.number, state=states.FAIL, skip_if_finished=True)
 
     def final(self, name: str) -> bool:
-        """Whether the study has closed the trial as failed (a rerun does not run it again)."""
-        ft = self._frozen(name)
+        """Whether TPE's study has closed the trial as failed: a rerun does not run it again (its values were
+        TPE's choice at that point; a larger ``trials`` asks for more)."""
+        ft = self._frozen(name) if self.tpe else None
         return ft is not None and ft.state == self.optuna.trial.TrialState.FAIL
 
     # --- helpers ---------------------------------------------------------------------------------
     def _frozen(self, name: str) -> Any:
         """The study trial of the kubetune trial ``name``: by the name it was given, else (TPE, the process died
         before naming it) by the name its number and parameters make."""
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self.study.get_trials(deepcopy=False)[::-1]  # the newest first: a rerun failed grid trial has a new one
         found = next((ft for ft in trials if ft.user_attrs.get(STUDY_TRIAL_ATTR) == name), None)
         if found is None and self.tpe:
             found = next((ft for ft in trials if ft.params and not ft.user_attrs and self._name(ft.number, self._values(ft.params)) == name), None)
