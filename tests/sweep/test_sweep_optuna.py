@@ -255,3 +255,31 @@ def test_float_and_list_choices_round_trip_through_the_study(job):
                random={"method.lora.r": {"type": "log_uniform", "low": 2, "high": 64, "integer": True}})
     space, encoded = optuna_search.search_space(spec.sweep)
     assert encoded == {"method.lora.target_modules"} and space["method.lora.r"].log and isinstance(space["method.lora.r"], optuna.distributions.IntDistribution)
+
+
+def test_the_documented_tpe_command_is_a_tpe_sweep_with_hyperband(monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import kubetune.sweep.run
+    from kubetune.cli import app
+
+    repo = Path(__file__).resolve().parents[2]
+    command = next(b for b in re.findall(r"```bash\n(.*?)```", (repo / "docs" / "sweeps.md").read_text(), re.S) if "--tpe" in b)
+    calls = []
+
+    def capture(job, **kw):
+        calls.append(job)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kubetune.sweep.run, "run_sweep", capture)
+    monkeypatch.chdir(repo)
+    result = CliRunner().invoke(app, shlex.split(command.replace("\\\n", " "))[1:])
+    assert result.exit_code == 130 and calls, result.output
+    s = calls[0].sweep
+    assert (s.search, s.trials, s.parallel, s.seed, s.early_stopping.rule) == ("tpe", 20, 2, 1, "hyperband")
+    space, _ = optuna_search.search_space(s)
+    assert list(space) == ["training.lr_scheduler", "training.learning_rate", "method.lora.r"] and space["method.lora.r"].log
