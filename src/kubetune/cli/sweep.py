@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
     sweep_app = typer.Typer(
         cls=_RunByDefault,
         name="sweep",
-        help="Hyperparameter sweeps: kubetune sweep SPEC --grid method.lora.r=4,8,16 [--random N] [--parallel K]; "
+        help="Hyperparameter sweeps: kubetune sweep SPEC --grid method.lora.r=4,8,16 [--random N | --tpe N] [--parallel K]; "
         "kubetune sweep status ID.",
         no_args_is_help=True,
         context_settings={"help_option_names": ["-h", "--help"]},

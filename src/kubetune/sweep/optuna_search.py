@@ -105,8 +105,10 @@ class OptunaSearch:
         done = len(optuna.load_study(study_name=sweep_id, storage=storage).trials) if existing else 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # The seed moves on with the study's size: a rerun's sampler must not draw the first trials again.
+            startup = max(1, min(_MAX_STARTUP_TRIALS, (spec.trials or 0) // 3))
             sampler = (
-                optuna.samplers.TPESampler(seed=spec.seed + done, constant_liar=True, n_startup_trials=max(1, min(_MAX_STARTUP_TRIALS, (spec.trials or 0) // 3)))
+                optuna.samplers.TPESampler(seed=spec.seed + done, constant_liar=True, n_startup_trials=startup)
                 if self.tpe else optuna.samplers.RandomSampler(seed=spec.seed)
             )
             self.study = optuna.create_study(

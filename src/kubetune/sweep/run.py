@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: grid and random search, each trial an ordinary job on any backend.
+"""Hyperparameter sweeps: grid, random and TPE search, each trial an ordinary job on any backend.
 
 :func:`run_sweep` is the story: plan the trials from the job's ``sweep:`` section, take the sweep
 directory's lock, skip the trials that already succeeded, submit the others (at most ``parallel`` at once)
@@ -8,6 +8,11 @@ lock) and ``trials/<trial>/``, one run directory per trial. A rerun therefore fi
 last run left it: succeeded trials are skipped, interrupted ones are submitted again into the same run
 directory and continue from their newest complete checkpoint (``training.resume: auto``). A new run id
 names new trials and starts fresh.
+
+With ``sampler: tpe`` the plan grows as the sweep runs: :class:`kubetune.sweep.optuna_search.OptunaSearch`
+chooses each next trial when a slot frees, from the Optuna study kept in ``optuna.db`` in the sweep directory,
+and is told every result; with ``early_stopping.rule: hyperband`` or ``successive_halving`` its pruner decides
+which running trials to stop.
 
 Trials share what the worker caches under the kubetune home (builtin and fetched models; the fetch cache
 locks an entry so parallel trials download it once), since every trial is a plain job.
@@ -203,8 +208,8 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
                     trial.state, trial.reason = C.STATE_PENDING, None
                     queue.append(trial)
                     continue
-                if search is not None:
-                    search.should_stop(name, _history(trial, client, DURING_TRAINING.get(sweep.objective, sweep.objective)))  # its last steps count for the rungs
+                if search is not None:  # report its last steps too (they count for the pruners' rungs), then its result
+                    search.should_stop(name, _history(trial, client, DURING_TRAINING.get(sweep.objective, sweep.objective)))
                     search.finish(name, trial.state, trial.objective)
                 log(f"{name}: {trial.state}" + (f", {sweep.objective}={trial.objective:.4g}" if trial.objective is not None else "")
                     + (f" ({_short(trial.reason)})" if trial.reason and trial.state != C.STATE_SUCCEEDED else ""))
