@@ -242,12 +242,14 @@ def test_spec_mistakes():
     assert load_spec({**base, "sweep": {"early_stopping": {"rule": "successive-halving"}}}).sweep.early_stopping.rule == "successive_halving"
 
 
-def test_without_optuna_one_error_names_the_extra(double, job, monkeypatch):
+def test_without_optuna_one_error_names_the_extra(double, job, monkeypatch, tmp_path):
     double()
     monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed
-    with pytest.raises(KubetuneError, match="'sweep' extra") as e:
-        run_sweep(job(**tpe(2)), backend="double", run_id="noopt")
-    assert "pip install 'kubetune[sweep]'" in str(e.value.hint)
+    for sweep in (tpe(2), {"grid": {"training.learning_rate": [GOOD, BAD]}, "early_stopping": {"rule": "successive_halving"}}):
+        with pytest.raises(KubetuneError, match="'sweep' extra") as e:
+            run_sweep(job(**sweep), backend="double", run_id="noopt")
+        assert "pip install 'kubetune[sweep]'" in str(e.value.hint)
+    assert not (tmp_path / "sweeps").exists()  # nothing was written
 
 
 def test_float_and_list_choices_round_trip_through_the_study(job):

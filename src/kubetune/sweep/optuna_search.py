@@ -28,7 +28,7 @@ from ..extras import require
 from ..spec import SweepSpec, TuneJob
 from .plan import trial_name, trial_spec
 
-__all__ = ["OptunaSearch", "search_space", "STUDY_TRIAL_ATTR"]
+__all__ = ["OptunaSearch", "search_space", "require_optuna", "STUDY_TRIAL_ATTR"]
 
 STUDY_TRIAL_ATTR = "kubetune_trial"  # user attribute of a study trial: the kubetune trial's name
 _NUMBER_KEY = "t"  # the study trial's number in a TPE trial's name: <sweep id>-t3-lr...
@@ -37,9 +37,14 @@ _MAX_STARTUP_TRIALS = 10  # TPE draws at random until this many trials (or a thi
 _PRIMITIVE = (str, int, float, bool, type(None))
 
 
+def require_optuna() -> None:
+    """Raise one error naming the extra (``kubetune[sweep]``) when optuna is not installed."""
+    require("sweep", "a sweep with sampler tpe or early_stopping.rule hyperband / successive_halving")
+
+
 def _optuna() -> Any:
     """Import optuna, or raise one error naming the extra that brings it."""
-    require("sweep", "a sweep with sampler tpe or early_stopping.rule hyperband / successive_halving")
+    require_optuna()
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep logs its own lines

@@ -97,6 +97,10 @@ def run_sweep(
     """
     spec = job.sweep or SweepSpec()
     check_sweep(job, spec)
+    if spec.uses_optuna:
+        from .optuna_search import require_optuna
+
+        require_optuna()  # before anything is written
     sweep_id = sweep_id_for(job, run_id)
     directory = sweep_dir_for(job, sweep_id)
     tpe = spec.search == C.SWEEP_SAMPLER_TPE  # TPE asks for its trials one at a time (kubetune.sweep.optuna_search)
