@@ -285,3 +285,54 @@ def test_the_documented_tpe_command_is_a_tpe_sweep_with_hyperband(monkeypatch):
     assert (s.search, s.trials, s.parallel, s.seed, s.early_stopping.rule) == ("tpe", 20, 2, 1, "hyperband")
     space, _ = optuna_search.search_space(s)
     assert list(space) == ["training.lr_scheduler", "training.learning_rate", "method.lora.r"] and space["method.lora.r"].log
+
+
+class FailsOnce(InstantBackend):
+    """The double, but the first trial with a too-high learning rate fails before its first step (only that one, once)."""
+
+    def __init__(self) -> None:
+        super().__init__(curve)
+        self.failed: list[str] = []
+
+    def status(self, ref):
+        job, _ = self.jobs.get(ref.id, (None, None))
+        if job is not None and job.training.learning_rate >= 1e-2 and not self.failed and self.steps[ref.id] == 0:
+            from kubetune.events import RunDir
+
+            self.failed.append(job.name)
+            RunDir(ref.run_dir).set_state(C.STATE_FAILED, reason="out of memory (the double)")
+        return super().status(ref)
+
+
+def test_a_failed_tpe_trial_is_closed_in_the_study_and_not_rerun(job, monkeypatch):
+    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
+    backend = FailsOnce()
+    monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
+    spec = job(sampler="tpe", trials=2, grid={"training.learning_rate": [BAD]})
+    sweep = run_sweep(spec, backend="double", run_id="fail")
+    assert [t.state for t in sweep.trials] == [C.STATE_FAILED, C.STATE_SUCCEEDED] and sweep.state == C.STATE_FAILED
+    assert [ft.state for ft in study_of(sweep).trials] == [STATES.FAIL, STATES.COMPLETE]
+    again = FailsOnce()
+    monkeypatch.setitem(BACKENDS, "double", lambda **kw: again)
+    lines: list[str] = []
+    rerun = run_sweep(spec, backend="double", run_id="fail", log=lines.append)
+    assert again.submitted == [] and f"{sweep.trials[0].name}: skipped (failed earlier; the Optuna study closed it as failed)" in lines
+    assert len(study_of(rerun).trials) == 2
+
+
+def test_a_failed_grid_trial_pruned_through_optuna_runs_again_under_a_new_study_trial(job, monkeypatch):
+    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
+    backend = FailsOnce()
+    monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
+    spec = job(grid={"training.learning_rate": [GOOD, BAD]}, early_stopping={"rule": "successive_halving"})
+    sweep = run_sweep(spec, backend="double", run_id="gridfail")
+    bad = next(t for t in sweep.trials if t.values["training.learning_rate"] == BAD)
+    assert bad.state == C.STATE_FAILED and bad.optuna == 1
+    again = FailsOnce()
+    again.failed.append(bad.name)  # it does not fail this time
+    monkeypatch.setitem(BACKENDS, "double", lambda **kw: again)
+    rerun = run_sweep(spec, backend="double", run_id="gridfail")
+    assert again.submitted == [bad.name] and rerun.trial(bad.name).optuna == 2
+    states = [(ft.user_attrs[optuna_search.STUDY_TRIAL_ATTR], ft.state) for ft in study_of(rerun).trials]
+    assert states[1:] == [(bad.name, STATES.FAIL), (bad.name, STATES.PRUNED)]
+    assert rerun.trial(bad.name).state == C.TRIAL_PRUNED  # the good trial's rungs stop it this time
