@@ -21,7 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("sqlalchemy", "alembic", "psycopg", "multipart"),
     "kfp": ("kfp", "kfp_server_api"),
     "qlora": ("bitsandbytes",),
-    "sweep": ("matplotlib",),
+    "sweep": ("matplotlib", "optuna"),
     "tracking": ("tensorboard", "mlflow", "wandb"),
     "llama-stack": ("llama_stack", "llama_stack_client"),
 }

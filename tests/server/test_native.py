@@ -155,6 +155,16 @@ def test_a_sweep_run_on_the_server_from_the_cli(make_server, tmp_path):
     assert no_grid.returncode == 2 and "sweep" in no_grid.stderr and "Traceback" not in no_grid.stderr
 
 
+def test_the_server_refuses_tpe_and_optuna_pruners(make_server):
+    """A server plans a sweep's trials up front: TPE and Optuna's pruners run with kubetune sweep on the client."""
+    server = make_server().start()
+    headers = {"Authorization": f"Bearer {server.key('alpha')}"}
+    for sweep in ({"sampler": "tpe", "trials": 2, "grid": {"method.lora.r": [4, 8]}, "objective": "train_loss"},
+                  {"grid": {"method.lora.r": [4, 8]}, "objective": "train_loss", "early_stopping": {"rule": "hyperband"}}):
+        r = httpx.post(f"{server.url}/sweeps", json={"spec": {**_spec("opt"), "sweep": sweep}}, headers=headers)
+        assert r.status_code == 400 and "not Optuna's TPE or pruners" in r.json()["error"]["message"], r.text
+
+
 def test_a_sweep_on_the_server_is_cancelled_from_the_cli(make_server, tmp_path):
     import yaml
 

@@ -77,10 +77,10 @@ def test_status_refuses_an_unknown_output_format(kubetune_cli, tmp_path):
     assert r.returncode == 2 and "-o/--output: 'xml' is not one of table, wide, json, yaml, csv" in r.stderr
 
 
-def test_sweep_commands_do_not_import_torch_or_matplotlib():
+def test_sweep_commands_do_not_import_torch_matplotlib_or_optuna():
     code = (
-        "import sys, kubetune.cli, kubetune.sweep.run, kubetune.sweep.report, kubetune.cli.sweep; "
-        "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+        "import sys, kubetune.cli, kubetune.sweep.run, kubetune.sweep.report, kubetune.sweep.optuna_search, kubetune.cli.sweep; "
+        "print(sorted(m for m in ('torch', 'transformers', 'matplotlib', 'optuna') if m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 

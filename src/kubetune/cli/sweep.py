@@ -32,6 +32,8 @@ _DIST_TYPES = {  # --dist TYPE -> (distribution type, integer)
     "int-uniform": ("uniform", True),
     "int-log-uniform": ("log_uniform", True),
 }
+_PRUNE_RULES = {"median": C.SWEEP_RULE_MEDIAN, "hyperband": C.SWEEP_RULE_HYPERBAND, "successive-halving": C.SWEEP_RULE_HALVING,
+                "successive_halving": C.SWEEP_RULE_HALVING}  # --prune RULE -> sweep.early_stopping.rule
 
 
 class _RunByDefault(TyperGroup):
@@ -48,7 +50,7 @@ def register(app: typer.Typer) -> None:
     sweep_app = typer.Typer(
         cls=_RunByDefault,
         name="sweep",
-        help="Hyperparameter sweeps: kubetune sweep SPEC --grid method.lora.r=4,8,16 [--random N] [--parallel K]; "
+        help="Hyperparameter sweeps: kubetune sweep SPEC --grid method.lora.r=4,8,16 [--random N | --tpe N] [--parallel K]; "
         "kubetune sweep status ID.",
         no_args_is_help=True,
         context_settings={"help_option_names": ["-h", "--help"]},
@@ -69,11 +71,19 @@ def run(
         "e.g. --dist training.learning_rate=log-uniform:1e-5,1e-3 (repeatable)."
     ),
     random_trials: Optional[int] = typer.Option(None, "--random", min=1, help="Random search: draw N trials from the grid values and distributions."),
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of random search."),
+    tpe_trials: Optional[int] = typer.Option(
+        None, "--tpe", min=1, help="Bayesian search: N trials chosen one at a time by Optuna's TPE from the results so far; grid values and "
+        "--dist distributions are the search space (needs kubetune[sweep])."
+    ),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of random search and of TPE."),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-p", min=1, help="Trials at once (default: local, one per 4 cores or per set of accelerators; clusters, 4)."),
     objective: Optional[str] = typer.Option(None, "--objective", help="Metric that ranks trials (default eval_loss)."),
     direction: Optional[str] = typer.Option(None, "--direction", help="minimize or maximize."),
     early_stop: bool = typer.Option(False, "--early-stop", help="Stop clearly bad trials early (median rule)."),
+    prune: Optional[str] = typer.Option(
+        None, "--prune", metavar="RULE", help="Stop clearly bad trials early by RULE: median (as --early-stop), hyperband or successive-halving "
+        "(Optuna's pruners; need kubetune[sweep])."
+    ),
     backend: str = typer.Option("local", "--backend", "-b", help="Where trials run: local, kubernetes or kfp."),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Kubernetes namespace (kubernetes backend)."),
     context: Optional[str] = typer.Option(None, "--context", help="kubeconfig context (kubernetes backend; default: the current one)."),
@@ -87,8 +97,11 @@ def run(
     from ..sweep.run import run_sweep, sweep_dir_for, sweep_id_for
     from ._output import cluster_options
 
-    job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir)
+    job = _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir, tpe=tpe_trials, prune=prune)
     options = cluster_options(server, backend, namespace, context)
+    if server and job.sweep is not None and job.sweep.uses_optuna:
+        raise SpecError("--tpe and --prune hyperband / successive-halving run the sweep here, not on a kubetune server",
+                        hint="leave out --server (trials still run on any --backend), or use --grid / --random")
     if server:
         _run_on_server(job, server, detach=detach, parallel=parallel)
         return
@@ -303,9 +316,15 @@ def _console(wide: bool = False):
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else (100_000 if wide else 240))
 
 
-def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir):
+def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, objective, direction, early_stop, sweep_dir, *, tpe=None, prune=None):
     """The base spec with its sweep section updated from the command line (the command line wins per key)."""
     from ..spec import load_spec
+
+    if tpe is not None and random_trials is not None:
+        raise SpecError(f"--tpe {tpe} and --random {random_trials} both say how to choose the trials; give one of them")
+    rule = _PRUNE_RULES.get((prune or "").strip().lower()) if prune is not None else None
+    if prune is not None and rule is None:
+        raise SpecError(f"--prune '{prune}': expected one of median, hyperband, successive-halving")
 
     job = load_spec(spec, set_)
     sweep: dict[str, Any] = job.sweep.model_dump(mode="json", exclude_unset=True) if job.sweep else {}
@@ -319,10 +338,16 @@ def _job_from_options(spec, set_, grid, dist, random_trials, seed, parallel, obj
         random_d[key] = distribution
         grid_d.pop(key, None)
     sweep.update(grid=grid_d, random=random_d)
-    given = {"trials": random_trials, "seed": seed, "parallel": parallel, "objective": objective, "direction": direction, "dir": sweep_dir}
+    given = {"trials": random_trials if tpe is None else tpe, "seed": seed, "parallel": parallel, "objective": objective, "direction": direction, "dir": sweep_dir}
     sweep.update({k: v for k, v in given.items() if v is not None})
+    if tpe is not None:
+        sweep["sampler"] = C.SWEEP_SAMPLER_TPE
+    elif random_trials is not None and sweep.get("sampler"):  # --random overrides the spec's sampler
+        sweep["sampler"] = C.SWEEP_SAMPLER_RANDOM
     if early_stop and not sweep.get("early_stopping"):
         sweep["early_stopping"] = {}
+    if rule is not None:
+        sweep["early_stopping"] = {**(sweep.get("early_stopping") or {}), "rule": rule}
     return job.with_overrides({"sweep": sweep})  # the job keeps which fields its spec set: presets still follow method.type
 
 

@@ -65,6 +65,9 @@ def register(app: FastAPI, store: Store, runner: Runner, config: ServerConfig, p
             if job.sweep is None:
                 raise SpecError("the spec has no sweep: section", hint="add sweep: {grid: {method.lora.r: [4, 8]}} (docs/sweeps.md)")
             check_sweep(job, job.sweep)
+            if job.sweep.uses_optuna:  # trials planned up front here; TPE and Optuna's pruners follow trials as they run
+                raise SpecError("a kubetune server runs grid and random sweeps, not Optuna's TPE or pruners",
+                                hint="run the sweep with kubetune sweep SPEC on a machine of your own (any --backend)")
             sweep_id = new_id("sweep")
             short = sweep_id.removeprefix("sweep-")[:8]
             planned = [(values, trial_spec(job, f"s{short}", values, config.data_path() / "sweeps" / sweep_id)) for values in plan_values(job.sweep)]

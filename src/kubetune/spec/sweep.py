@@ -88,15 +88,28 @@ class SweepParamSpec(_Section):
 
 
 class EarlyStoppingSpec(_Section):
-    """Stop clearly bad trials before they finish (median stopping rule)."""
+    """Stop clearly bad trials before they finish (median stopping rule, or Optuna's Hyperband / successive halving)."""
 
-    rule: Literal["median"] = Field(
-        "median",
+    rule: Literal["median", "hyperband", "successive_halving"] = Field(
+        C.SWEEP_RULE_MEDIAN,
         description="median: stop a trial whose best objective so far is worse than the median of the other trials' "
-        "running averages at the same step. Needs the objective during training (eval_loss: set training.eval_steps).",
+        "running averages at the same step. hyperband, successive_halving (or successive-halving): Optuna's pruners, "
+        "which compare trials at rungs of steps (grace_steps, then x3, x9, ...; needs the sweep extra). All need the "
+        "objective during training (eval_loss: set training.eval_steps).",
     )
-    min_trials: int = Field(3, ge=1, le=C.SPEC_MAX_TRIALS, description="How many other trials must have reached the same step before any trial is stopped.")
-    grace_steps: int = Field(0, ge=0, le=C.SPEC_MAX_STEPS, description="Never stop a trial before this optimizer step.")
+    min_trials: int = Field(
+        3, ge=1, le=C.SPEC_MAX_TRIALS,
+        description="median: how many other trials must have reached the same step before any trial is stopped (Optuna's pruners: unused).",
+    )
+    grace_steps: int = Field(
+        0, ge=0, le=C.SPEC_MAX_STEPS,
+        description="Never stop a trial before this optimizer step (hyperband, successive_halving: the first rung, at least 1).",
+    )
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _dash(cls, v: Any) -> Any:
+        return v.replace("-", "_") if isinstance(v, str) else v
 
 
 class SweepSpec(_Section):
@@ -113,7 +126,14 @@ class SweepSpec(_Section):
         default_factory=dict, description="Field path -> distribution, e.g. {training.learning_rate: {type: log_uniform, low: 1e-5, high: 1e-3}}."
     )
     trials: int | None = Field(
-        None, ge=1, le=C.SPEC_MAX_TRIALS, description="Random search: how many trials to draw (grid values count as choices). Unset: grid search, every combination."
+        None, ge=1, le=C.SPEC_MAX_TRIALS,
+        description="Random or TPE search: how many trials (grid values count as choices). Unset: grid search, every combination.",
+    )
+    sampler: Literal["grid", "random", "tpe"] | None = Field(
+        None,
+        description="How trials are chosen. grid: every combination; random: trials draws, planned up front; tpe: trials chosen "
+        "one at a time by Optuna's TPE sampler from the results so far (needs the sweep extra). Unset: random when trials is "
+        "set, else grid.",
     )
     seed: int = Field(0, ge=0, le=C.SPEC_MAX_SEED, description="Seed of random search: the same seed draws the same trials.")
     parallel: int | None = Field(
@@ -136,8 +156,12 @@ class SweepSpec(_Section):
         both = sorted(set(self.grid) & set(self.random))
         if both:
             problems.append(f"{', '.join(both)}: given both as grid and as random distribution; keep one")
-        if self.random and self.trials is None:
+        if self.random and self.trials is None and self.sampler != C.SWEEP_SAMPLER_GRID:
             problems.append("random distributions need trials: N (how many trials to draw)")
+        if self.sampler == C.SWEEP_SAMPLER_GRID and (self.trials is not None or self.random):
+            problems.append("sampler grid runs every combination of grid: it takes no trials and no random distributions")
+        if self.sampler in (C.SWEEP_SAMPLER_RANDOM, C.SWEEP_SAMPLER_TPE) and self.trials is None:
+            problems.append(f"sampler {self.sampler} needs trials: N (how many trials to run)")
         combinations = math.prod(len(v) for v in self.grid.values())
         if self.trials is None and combinations > C.SPEC_MAX_TRIALS:
             problems.append(
@@ -147,5 +171,16 @@ class SweepSpec(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def search(self) -> str:
+        """The sampler in effect: ``sampler``, or random when ``trials`` is set, else grid."""
+        return self.sampler or (C.SWEEP_SAMPLER_GRID if self.trials is None else C.SWEEP_SAMPLER_RANDOM)
+
+    @property
+    def uses_optuna(self) -> bool:
+        """Whether Optuna chooses the trials (tpe) or prunes them (hyperband, successive_halving)."""
+        rule = self.early_stopping.rule if self.early_stopping else None
+        return self.search == C.SWEEP_SAMPLER_TPE or rule in (C.SWEEP_RULE_HYPERBAND, C.SWEEP_RULE_HALVING)
 
 

@@ -89,6 +89,11 @@ def check_sweep(job: TuneJob, spec: SweepSpec) -> None:
     Raises:
         SpecError: naming the field to set.
     """
+    if not spec.grid and not spec.random and spec.search == C.SWEEP_SAMPLER_TPE:
+        raise SpecError(
+            "TPE needs a search space, and the sweep has no parameters",
+            hint="give --dist KEY=TYPE:ARGS (e.g. --dist training.learning_rate=log-uniform:1e-5,1e-3) or --grid KEY=V1,V2",
+        )
     if not spec.grid and not spec.random:
         raise SpecError("the sweep has no parameters", hint="give --grid KEY=V1,V2 (e.g. --grid method.lora.r=4,8,16) or a sweep: section with grid or random")
     swept = set(spec.grid) | set(spec.random)
@@ -131,8 +136,9 @@ def trial_name(sweep_id: str, values: dict[str, Any]) -> str:
     return _fit(name, json.dumps([sweep_id, values], sort_keys=True, default=str), force=not exact)
 
 
-def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: Path) -> TuneJob:
-    """The trial's job: ``job`` with ``values`` applied, its own name, run directory and output URI.
+def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: Path, *, name: str | None = None) -> TuneJob:
+    """The trial's job: ``job`` with ``values`` applied, its own name (``name``, else from the values), run
+    directory and output URI.
 
     The values go through :meth:`TuneJob.with_overrides`, so a swept ``method.type`` brings its own
     preset for every field the base spec did not set.
@@ -140,7 +146,7 @@ def trial_spec(job: TuneJob, sweep_id: str, values: dict[str, Any], directory: P
     Raises:
         SpecError: the values make an invalid job (the message names the trial and the field).
     """
-    name = trial_name(sweep_id, values)
+    name = name or trial_name(sweep_id, values)
     own: dict[str, Any] = {"sweep": None, "name": name, "output.dir": str(directory / C.SWEEP_TRIALS_DIR / name)}
     if job.output.uri:
         own["output.uri"] = _trial_uri(job.output.uri, name)

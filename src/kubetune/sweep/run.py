@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: grid and random search, each trial an ordinary job on any backend.
+"""Hyperparameter sweeps: grid, random and TPE search, each trial an ordinary job on any backend.
 
 :func:`run_sweep` is the story: plan the trials from the job's ``sweep:`` section, take the sweep
 directory's lock, skip the trials that already succeeded, submit the others (at most ``parallel`` at once)
@@ -8,6 +8,11 @@ lock) and ``trials/<trial>/``, one run directory per trial. A rerun therefore fi
 last run left it: succeeded trials are skipped, interrupted ones are submitted again into the same run
 directory and continue from their newest complete checkpoint (``training.resume: auto``). A new run id
 names new trials and starts fresh.
+
+With ``sampler: tpe`` the plan grows as the sweep runs: :class:`kubetune.sweep.optuna_search.OptunaSearch`
+chooses each next trial when a slot frees, from the Optuna study kept in ``optuna.db`` in the sweep directory,
+and is told every result; with ``early_stopping.rule: hyperband`` or ``successive_halving`` its pruner decides
+which running trials to stop.
 
 Trials share what the worker caches under the kubetune home (builtin and fetched models; the fetch cache
 locks an entry so parallel trials download it once), since every trial is a plain job.
@@ -92,9 +97,14 @@ def run_sweep(
     """
     spec = job.sweep or SweepSpec()
     check_sweep(job, spec)
+    if spec.uses_optuna:
+        from .optuna_search import require_optuna
+
+        require_optuna()  # before anything is written
     sweep_id = sweep_id_for(job, run_id)
     directory = sweep_dir_for(job, sweep_id)
-    plan = [(values, trial_spec(job, sweep_id, values, directory)) for values in plan_values(spec)]
+    tpe = spec.search == C.SWEEP_SAMPLER_TPE  # TPE asks for its trials one at a time (kubetune.sweep.optuna_search)
+    plan = [] if tpe else [(values, trial_spec(job, sweep_id, values, directory)) for values in plan_values(spec)]
     from ..client import Client
 
     client = Client(backend, **(backend_options or {}))  # an unknown backend fails here, before anything is written
@@ -105,11 +115,17 @@ def run_sweep(
                 f"sweep {sweep_id} is already running" + (f" (pid {other.pid})" if other and other.pid else ""),
                 hint=f"follow it with kubetune sweep status {sweep_id}, or stop it with kubetune sweep cancel {sweep_id}",
             )
+        search = None
+        if spec.uses_optuna:
+            from .optuna_search import OptunaSearch
+
+            search = OptunaSearch(job, spec, sweep_id, directory)
+            plan = search.plan() if tpe else plan
         sweep = _open_sweep(directory, sweep_id, job, spec, backend, plan)
         register(sweep)
         with _terminate_as_interrupt():
             try:
-                _drive(sweep, client, job, spec, plan, log)
+                _drive(sweep, client, job, spec, plan, log, search)
             except KeyboardInterrupt:
                 _interrupt(sweep, client, log)
                 raise
@@ -122,8 +138,12 @@ def run_sweep(
     return sweep
 
 
-def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list, log: Callable[[str], None]) -> None:
-    """Submit and follow the plan's trials until each has ended; record everything in ``sweep``."""
+def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list, log: Callable[[str], None], search: Any = None) -> None:
+    """Submit and follow the plan's trials until each has ended; record everything in ``sweep``.
+
+    With ``search`` (an :class:`~kubetune.sweep.optuna_search.OptunaSearch`), TPE adds trials to the plan as
+    slots free, Optuna's pruner may stop running trials, and the study is told how each trial ended.
+    """
     specs = {tj.name: tj for _, tj in plan}
     queue: list[Trial] = []
     active: dict[str, Trial] = {}
@@ -135,22 +155,34 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
             queue.append(trial)
         elif trial.state in SWEEP_DONE and _still_there(trial):
             log(f"{trial.name}: skipped ({trial.state} earlier" + (f", {sweep.objective}={trial.objective:.4g})" if trial.objective is not None else ")"))
+            if search is not None:  # it may have ended while no sweep process listened
+                search.finish(trial.name, trial.state, trial.objective)
         elif trial.state == C.STATE_RUNNING:
             active[trial.name] = trial  # still running from an earlier sweep process: follow it
             log(f"{trial.name}: still running from an earlier run, following it")
+        elif search is not None and search.final(trial.name):
+            log(f"{trial.name}: skipped ({trial.state} earlier; the Optuna study closed it as failed)")
         else:
             queue.append(trial)
-    slots, notes = _slots(sweep.backend, job, spec, len(queue) + len(active))
+    slots, notes = _slots(sweep.backend, job, spec, len(queue) + len(active) + (search.remaining() if search else 0))
     for note in notes:
         log(note)
     free = list(range(len(slots)))[len(active):]
     held: dict[str, int | None] = {name: (i if i < len(slots) else None) for i, name in enumerate(active)}
     sweep.state, sweep.pid = C.STATE_RUNNING, os.getpid()
     sweep.save()
-    log(f"sweep {sweep.id}: {len(plan)} trials, {len(queue)} to run, {len(active)} running, {len(slots)} at once -> {sweep.dir}")
-    while queue or active:
-        while queue and free:
+    log(f"sweep {sweep.id}: {len(plan) + (search.remaining() if search else 0)} trials, {len(queue)} to run, {len(active)} running, {len(slots)} at once -> {sweep.dir}")
+    while queue or active or (search and search.remaining()):
+        while free and (queue or (search and search.remaining())):
+            if not queue:  # TPE: the next trial, chosen from every result so far
+                values, tj = search.ask()
+                plan.append((values, tj))
+                specs[tj.name] = tj
+                sweep.trials.append(Trial(name=tj.name, values=values, run_dir=str(tj.output_dir)))
+                queue.append(sweep.trials[-1])
             trial, slot = queue.pop(0), free.pop(0)
+            if search is not None:
+                trial.optuna = search.attach(trial.name)
             try:
                 _submit(trial, specs[trial.name], client, slots[slot])
             except KubetuneError as e:  # this trial cannot start; the others still can
@@ -168,7 +200,7 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
             except KubetuneError as e:  # a transient API error must not end the sweep
                 log(f"{name}: could not read its status, trying again ({_short(str(e))})")
         if spec.early_stopping is not None:
-            _early_stop(sweep, client, spec, active)
+            _early_stop(sweep, client, spec, active, search)
         for name, trial in list(active.items()):
             if trial.terminal:
                 del active[name]
@@ -180,6 +212,9 @@ def _drive(sweep: Sweep, client: Any, job: TuneJob, spec: SweepSpec, plan: list,
                     trial.state, trial.reason = C.STATE_PENDING, None
                     queue.append(trial)
                     continue
+                if search is not None:  # report its last steps too (they count for the pruners' rungs), then its result
+                    search.should_stop(name, _history(trial, client, DURING_TRAINING.get(sweep.objective, sweep.objective)))
+                    search.finish(name, trial.state, trial.objective)
                 log(f"{name}: {trial.state}" + (f", {sweep.objective}={trial.objective:.4g}" if trial.objective is not None else "")
                     + (f" ({_short(trial.reason)})" if trial.reason and trial.state != C.STATE_SUCCEEDED else ""))
         sweep.save()
@@ -327,11 +362,17 @@ def _events(trial: Trial, client: Any) -> list[dict]:
 
 
 # --- early stopping and local slots ----------------------------------------------------------
-def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Trial]) -> None:
-    """Cancel the running trials the median rule condemns; they become ``pruned`` (and are not rerun)."""
+def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Trial], search: Any = None) -> None:
+    """Cancel the running trials the median rule (or Optuna's pruner) condemns; they become ``pruned`` (and are not rerun)."""
     rule = spec.early_stopping
     assert rule is not None
     metric = DURING_TRAINING.get(sweep.objective, sweep.objective)
+    if rule.rule != C.SWEEP_RULE_MEDIAN:
+        for name, trial in active.items():
+            verdict = None if trial.terminal else search.should_stop(name, _history(trial, client, metric))
+            if verdict is not None:
+                _stop(trial, client, f"stopped early at step {verdict[0]} by Optuna's {rule.rule} pruner ({metric} {verdict[1]:.4g})", verdict[1])
+        return
     histories = {t.name: _history(t, client, metric) for t in sweep.trials if t.state != C.STATE_PENDING}
     for name, trial in active.items():
         if trial.terminal:
@@ -341,11 +382,15 @@ def _early_stop(sweep: Sweep, client: Any, spec: SweepSpec, active: dict[str, Tr
         if verdict is None:
             continue
         best, median, step = verdict
-        with contextlib.suppress(KubetuneError):
-            client.cancel(_ref(trial.job or {}))
-        trial.state, trial.finished_at = C.TRIAL_PRUNED, time.time()
-        trial.reason = f"stopped early at step {step}: best {metric} {best:.4g} is worse than the median {median:.4g} of other trials"
-        trial.objective = trial.objective if trial.objective is not None else best
+        _stop(trial, client, f"stopped early at step {step}: best {metric} {best:.4g} is worse than the median {median:.4g} of other trials", best)
+
+
+def _stop(trial: Trial, client: Any, reason: str, value: float) -> None:
+    """Cancel a running trial and mark it ``pruned`` (its objective: ``value`` unless it had one)."""
+    with contextlib.suppress(KubetuneError):
+        client.cancel(_ref(trial.job or {}))
+    trial.state, trial.finished_at, trial.reason = C.TRIAL_PRUNED, time.time(), reason
+    trial.objective = trial.objective if trial.objective is not None else value
 
 
 def _history(trial: Trial, client: Any, metric: str) -> list[tuple[int, float]]:

@@ -44,6 +44,7 @@ class Trial:
     reason: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    optuna: int | None = None  # its trial number in the sweep's Optuna study (tpe sweeps, Optuna's pruners)
 
     @property
     def terminal(self) -> bool:
