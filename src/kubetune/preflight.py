@@ -146,10 +146,12 @@ def entrypoint_problems(entrypoint: Any) -> list[str]:
 
 def volume_problems(job: Any) -> list[str]:
     """``pvc://`` inputs and outputs, which only the kaito flavour reads and writes (Kaito mounts the claim)."""
-    fields = [("model.source", job.model.source), ("dataset.source", job.dataset.source), ("output.uri", job.output.uri)]
-    if job.dataset.eval_source:
-        fields.append(("dataset.eval_source", job.dataset.eval_source))
-    fields += [(f"dataset.mix[{i}].source", m.source) for i, m in enumerate(job.dataset.mix)]
+    fields = [("output.uri", job.output.uri)]
+    if job.model is not None:  # an entrypoint job may name neither
+        fields.append(("model.source", job.model.source))
+    if job.dataset is not None:
+        fields += [("dataset.source", job.dataset.source), ("dataset.eval_source", job.dataset.eval_source)]
+        fields += [(f"dataset.mix[{i}].source", m.source) for i, m in enumerate(job.dataset.mix)]
     prefix = f"{C.PVC_SCHEME}://"
     return [f"{field}: {value} is a PersistentVolumeClaim, which only kubernetes.flavor kaito mounts (Kaito reads and writes the "
             "volume itself); use s3://, https://, oci:// or hf:// here (kubetune deliver copies data there)"

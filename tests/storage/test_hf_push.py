@@ -26,6 +26,10 @@ def hub(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", double.url)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import huggingface_hub.constants as hc  # read once at import by huggingface_hub: this process may have imported it offline
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hc, "ENDPOINT", double.url)
     yield double
     double.stop()
 

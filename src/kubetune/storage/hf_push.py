@@ -35,9 +35,11 @@ _MAIN = "main"
 
 
 def _api() -> Any:
+    import os
+
     from huggingface_hub import HfApi
 
-    return HfApi()
+    return HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)  # read now: huggingface_hub reads it once, at import
 
 
 def _error(e: Exception, loc: Location, what: str) -> SourceError:
