@@ -201,6 +201,9 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
     from .sweeps import register as register_sweeps
 
     register_sweeps(app, store, runner, config, project)
+    from .dashboard import register as register_dashboard
+
+    register_dashboard(app, store, config, project)  # the web dashboard at / (docs/dashboard.md)
 
     # -- models and chat --------------------------------------------------------------------------
     @app.get("/v1/models")
