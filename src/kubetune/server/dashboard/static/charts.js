@@ -4,6 +4,9 @@
   const COLORS = ["#0b62d6", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#1098ad", "#5c940d", "#e67700"];
   KT.COLORS = COLORS;
 
+  /* Axis ticks readable at any scale: 3e-4 rather than 0. */
+  const tick = (v) => v === null ? "" : (v !== 0 && Math.abs(v) < 0.01) ? v.toExponential(1) : Math.abs(v) >= 10000 ? v.toExponential(1) : +v.toPrecision(4) + "";
+
   /* A chart in `box` with x = step and one line per label; .set(xs, [ys...]) redraws it. */
   KT.chart = function (box, title, labels, opts = {}) {
     const width = () => Math.max(260, box.clientWidth - 4);
@@ -12,7 +15,7 @@
     const u = new uPlot({
       title, width: width(), height: opts.height || 200, series,
       scales: { x: { time: false } },
-      axes: [{ stroke: "#888", grid: { stroke: "#8883" } }, { stroke: "#888", grid: { stroke: "#8883" }, size: 56 }],
+      axes: [{ stroke: "#888", grid: { stroke: "#8883" } }, { stroke: "#888", grid: { stroke: "#8883" }, size: 60, values: (_u, splits) => splits.map(tick) }],
       legend: { show: labels.length > 1 || !!opts.legend },
     }, [[], ...labels.map(() => [])], box);
     const ro = new ResizeObserver(() => u.setSize({ width: width(), height: opts.height || 200 }));
