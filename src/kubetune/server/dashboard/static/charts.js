@@ -2,6 +2,7 @@
 "use strict";
 (function () {
   const COLORS = ["#0b62d6", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#1098ad", "#5c940d", "#e67700"];
+  const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];  // whole steps only
   KT.COLORS = COLORS;
 
   /* Axis ticks readable at any scale: 3e-4 rather than 0. */
@@ -15,7 +16,7 @@
     const u = new uPlot({
       title, width: width(), height: opts.height || 200, series,
       scales: { x: { time: false } },
-      axes: [{ stroke: "#888", grid: { stroke: "#8883" } }, { stroke: "#888", grid: { stroke: "#8883" }, size: 60, values: (_u, splits) => splits.map(tick) }],
+      axes: [{ stroke: "#888", grid: { stroke: "#8883" }, incrs: STEP_INCRS }, { stroke: "#888", grid: { stroke: "#8883" }, size: 60, values: (_u, splits) => splits.map(tick) }],
       legend: { show: labels.length > 1 || !!opts.legend },
     }, [[], ...labels.map(() => [])], box);
     const ro = new ResizeObserver(() => u.setSize({ width: width(), height: opts.height || 200 }));
