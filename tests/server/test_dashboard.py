@@ -63,15 +63,23 @@ def server(tmp_path):
     made.kill_workers()
 
 
-def _shot(driver, tmp_path: Path, name: str) -> Path:
-    """Save a screenshot in the test's tmp dir (and, small, in the docs folder when asked)."""
+def _shot(driver, tmp_path: Path, name: str, size: tuple[int, int] | None = None) -> Path:
+    """Save a screenshot in the test's tmp dir (and, small, in the docs folder when asked); ``size``: the
+    window's for this one (a tall page, a phone), put back afterwards."""
     out = tmp_path / f"dashboard-{name}.png"
+    if size:
+        before = driver.get_window_size()
+        driver.set_window_size(*size)
+        time.sleep(0.5)  # the charts follow the new width
     driver.save_screenshot(str(out))
+    if size:
+        driver.set_window_size(before["width"], before["height"])
     if DOCS_SHOTS:
         from PIL import Image
 
         img = Image.open(out).convert("RGB")
-        img = img.resize((DOCS_WIDTH, round(img.height * DOCS_WIDTH / img.width)), Image.LANCZOS)
+        if img.width > DOCS_WIDTH:
+            img = img.resize((DOCS_WIDTH, round(img.height * DOCS_WIDTH / img.width)), Image.LANCZOS)
         Path(DOCS_SHOTS).mkdir(parents=True, exist_ok=True)
         img.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(Path(DOCS_SHOTS) / out.name, optimize=True)
     return out
@@ -91,14 +99,17 @@ def _until(predicate, what: str, timeout: float = WAIT_S):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def _login(driver, base: str, key: str) -> None:
+def _login(driver, base: str, key: str, *, enter: bool = False) -> None:
+    """Sign in on the login page (``enter``: with the keyboard alone)."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     driver.get(f"{base}/#/login")
     box = _until(lambda: driver.find_element(By.ID, "api-key"), "the login form")
     box.clear()
-    box.send_keys(key)
-    driver.find_element(By.ID, "login").click()
+    box.send_keys(key + (Keys.ENTER if enter else ""))
+    if not enter:
+        driver.find_element(By.ID, "login").click()
 
 
 def _step(text: str) -> int:
@@ -132,6 +143,10 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     _until(lambda: _step(driver.find_element(By.CSS_SELECTOR, f"{row} .steps").text) > first, "the table's step to move (live stream)")
     _until(lambda: driver.find_elements(By.CSS_SELECTOR, f"{row} .spark polyline"), "a sparkline")
     _shot(driver, tmp_path, "jobs")
+    _shot(driver, tmp_path, "phone", size=(390, 844))  # a phone: the page fits its width (the table scrolls inside)
+    driver.set_window_size(390, 844)
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= 400
+    driver.set_window_size(1280, 900)
 
     driver.find_element(By.CSS_SELECTOR, f"{row} a.job-link").click()
     loss_chart = "[data-chart='Loss']"
@@ -141,7 +156,7 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     _until(lambda: "step" in driver.find_element(By.ID, "logs").text, "the log to stream")
     _until(lambda: driver.find_elements(By.CSS_SELECTOR, "#timeline li"), "the events timeline")
     assert '"max_steps": 400' in driver.find_element(By.ID, "spec").text
-    _shot(driver, tmp_path, "job")
+    _shot(driver, tmp_path, "job", size=(1280, 1900))
 
     driver.find_element(By.ID, "btn-cancel").click()
     _until(lambda: driver.find_element(By.CSS_SELECTOR, "#job-state .state").text == "cancelled", "the job to be cancelled")
@@ -180,26 +195,61 @@ def test_sweep_page_overlays_the_trials(browser, server, tmp_path):
 def test_jobs_page_paints_quickly_with_1000_jobs(browser, server, tmp_path):
     from selenium.webdriver.common.by import By
 
+    from kubetune.server.models import Job
     from kubetune.server.store import Store, new_id
 
     store = Store(server.db)
     project = store.project("alpha")
-    spec = _spec("bulk", 3)
-    for i in range(1000):
-        store.add_job(id=new_id("job"), project_id=project["id"], kind="native", model="builtin://tiny-chat", hyperparameters={},
-                      method={"type": "lora"}, spec={**spec, "name": f"bulk-{i:04d}"}, status="succeeded", backend="local", fine_tuned_model=None)
+    spec, now = _spec("bulk", 3), time.time()
+    with store.session() as s:  # one transaction: a thousand finished jobs
+        s.add_all(Job(id=new_id("job"), project_id=project["id"], kind="native", model="builtin://tiny-chat", hyperparameters={},
+                      method={"type": "lora"}, spec={**spec, "name": f"bulk-{i:04d}"}, status="succeeded", backend="local",
+                      created_at=now - 1000 + i, started_at=now - 1000 + i, finished_at=now - 990 + i, events_seen=0) for i in range(1000))
     store.close()
     server.start()
     key = server.key("alpha")
     base = f"http://127.0.0.1:{server.port}"
-    _login(browser, base, key)
+    _login(browser, base, key, enter=True)
     started = time.monotonic()
     browser.get(f"{base}/#/jobs")
     _until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#jobs-body tr")) == 50, "the first page of jobs", timeout=30)
     took = time.monotonic() - started
     assert took < 10, f"the jobs page took {took:.1f} s with 1,000 jobs"
     assert browser.find_element(By.ID, "more").is_displayed()
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    browser.refresh()  # focus starts at the top of the page
+    _until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#jobs-body tr")) == 50, "the jobs again", timeout=30)
+    ActionChains(browser).send_keys(Keys.TAB).perform()  # the keyboard reaches the skip link, then the navigation
+    assert browser.execute_script("return document.activeElement.className") == "skip"
+    ActionChains(browser).send_keys(Keys.TAB, Keys.TAB).perform()
+    assert browser.execute_script("return document.activeElement.getAttribute('href')") == "#/jobs"
     search = browser.find_element(By.ID, "search")
     search.send_keys("bulk-0999")
     _until(lambda: [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "#jobs-body tr")] and
            len(browser.find_elements(By.CSS_SELECTOR, "#jobs-body tr")) == 1, "the search to narrow the table")
+
+
+def test_quick_lora_job_then_chat_with_it(browser, server, tmp_path, train_file):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    server.start()
+    key = server.key("alpha")
+    base = f"http://127.0.0.1:{server.port}"
+    _login(browser, base, key)
+    _until(lambda: browser.find_element(By.ID, "jobs-body"), "the jobs page")
+    browser.get(f"{base}/#/submit")
+    _until(lambda: browser.find_elements(By.CSS_SELECTOR, "#quick-model option[value='tiny-chat']"), "the server's base models")
+    browser.find_element(By.ID, "quick-file").send_keys(str(train_file))
+    browser.find_element(By.ID, "quick-submit").click()
+    _until(lambda: browser.execute_script("return location.hash").startswith("#/jobs/ftjob-"), "the new job's page")
+    box = _until(lambda: browser.find_element(By.ID, "chat-input") if browser.find_element(By.ID, "chat").is_displayed() else None,
+                 "the chat panel of the succeeded job", timeout=180)
+    box.send_keys("What is the capital of France?" + Keys.ENTER)
+    _until(lambda: any(p.text.startswith("model:") for p in browser.find_elements(By.CSS_SELECTOR, "#chat .chat-log p")), "the model's answer",
+           timeout=120)
+    _until(lambda: browser.find_elements(By.CSS_SELECTOR, "#artifacts button"), "the artifacts")
+    browser.execute_script("window.scrollTo(0, 0)")
+    _shot(browser, tmp_path, "chat", size=(1280, 1900))

@@ -94,6 +94,7 @@ KT.fmtDuration = function (s) {
   return h ? `${h}h ${m}m` : m ? `${m}m ${sec}s` : `${sec}s`;
 };
 KT.fmtNum = (x, d = 4) => (typeof x === "number" && isFinite(x)) ? (Math.abs(x) >= 1000 ? x.toFixed(0) : +x.toPrecision(d) + "") : "—";
+KT.fmtBytes = (n) => n < 1024 ? `${n} B` : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`;
 KT.TERMINAL = ["succeeded", "failed", "cancelled"];
 KT.duration = (j) => j.started_at ? (j.finished_at || Date.now() / 1000) - j.started_at : null;
 KT.stateBadge = (s) => KT.el("span", { class: `state state-${s}`, "data-state": s }, s);

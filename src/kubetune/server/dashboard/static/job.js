@@ -6,6 +6,7 @@ const CHARTS = [
   ["Grad norm", ["grad_norm"]], ["Tokens/s", ["tokens_per_second"]],
 ];
 const MAX_LOG_LINES = 2000;
+const MAX_FILES_SHOWN = 200;  // per folder
 
 KT.pages.job = function (main, id) {
   const { el } = KT;
@@ -24,15 +25,14 @@ KT.pages.job = function (main, id) {
   const chat = el("section", { class: "card", id: "chat", hidden: true });
   const msg = el("p", { class: "error", role: "alert" });
   main.replaceChildren(
-    el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")), title, el("p", {}, badge, " ", prog), actions, msg,
+    el("p", {}, el("a", { href: "#/jobs" }, "← Jobs")), title, el("p", {}, badge, " ", prog), actions, msg, chat,
     el("div", { class: "grid" }, boxes.map((b) => el("section", { class: "card" }, b))),
     el("div", { class: "two" },
       el("section", { class: "card" }, el("h2", {}, "Events"), timeline),
       el("section", { class: "card" }, el("h2", {}, "Log"), logs)),
     el("div", { class: "two" },
       el("section", { class: "card" }, el("h2", {}, "Details"), facts, el("h2", {}, "Checkpoints and artifacts"), files),
-      el("section", { class: "card" }, el("h2", {}, "Resolved spec"), specPre)),
-    chat);
+      el("section", { class: "card" }, el("h2", {}, "Resolved spec"), specPre)));
   const charts = CHARTS.map(([t, names], i) => KT.chart(boxes[i], t, names));
   const series = new KT.MetricSeries();
   let job = null, last = {}, drawQueued = false;
@@ -70,13 +70,23 @@ KT.pages.job = function (main, id) {
     } catch (e) { msg.textContent = e.message; button.disabled = false; }
   }
   async function refresh() { renderJob(await KT.api(`/v1/dashboard/jobs/${encodeURIComponent(id)}`, { signal: ctl.signal })); }
-  async function artifacts() {
+  async function artifacts() {  // top-level files, then one folder (checkpoints/, adapter/, ...) per <details>
     const list = await KT.api(`${base}/artifacts`, { signal: ctl.signal });
-    const ckpt = list.data.filter((f) => /^checkpoint/.test(f.path) && !f.path.includes("/", f.path.indexOf("/") + 1));
-    const show = list.data.filter((f) => !f.path.includes("/") || ckpt.includes(f)).slice(0, 200);
-    files.replaceChildren(...(show.length ? show.map((f) => el("li", {},
-      el("button", { type: "button", class: "link", onclick: () => download(f.path) }, f.path), el("span", { class: "muted" }, ` ${(f.bytes / 1024).toFixed(1)} KiB`)))
-      : [el("li", { class: "muted" }, "none yet")]));
+    const link = (f, label) => el("li", {}, el("button", { type: "button", class: "link", onclick: () => download(f.path) }, label || f.path),
+      el("span", { class: "muted" }, ` ${KT.fmtBytes(f.bytes)}`));
+    const folders = new Map();
+    for (const f of list.data) {
+      const i = f.path.indexOf("/");
+      if (i < 0) continue;
+      const name = f.path.slice(0, i);
+      if (!folders.has(name)) folders.set(name, []);
+      folders.get(name).push(f);
+    }
+    const top = list.data.filter((f) => !f.path.includes("/"));
+    const items = [...top.map((f) => link(f)), ...[...folders].map(([name, fs]) => el("li", {}, el("details", {},
+      el("summary", {}, `${name}/ `, el("span", { class: "muted" }, `${fs.length} files, ${KT.fmtBytes(fs.reduce((a, f) => a + f.bytes, 0))}`)),
+      el("ul", {}, fs.slice(0, MAX_FILES_SHOWN).map((f) => link(f, f.path.slice(name.length + 1)))))))];
+    files.replaceChildren(...(items.length ? items : [el("li", { class: "muted" }, "none yet")]));
   }
   async function download(path) {
     const res = await fetch(`${base}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`, { headers: { Authorization: "Bearer " + KT.key() } });
@@ -129,7 +139,7 @@ KT.pages.job = function (main, id) {
         const r = await KT.api("/v1/chat/completions", { method: "POST", json: { model, messages: history, max_tokens: 128 } });
         const answer = r.choices[0].message.content;
         history.push({ role: "assistant", content: answer });
-        log.append(el("p", {}, el("strong", {}, "model: "), answer));
+        log.append(el("p", {}, el("strong", {}, "model: "), answer || el("em", { class: "muted" }, "(an empty reply)")));
       } catch (e) { log.append(el("p", { class: "error" }, e.message)); }
     } }, input, " ", el("button", { type: "submit", class: "primary" }, "Send"));
     chat.replaceChildren(el("h2", {}, `Chat with ${model}`), log, form);
