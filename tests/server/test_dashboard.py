@@ -81,7 +81,7 @@ def _shot(driver, tmp_path: Path, name: str, size: tuple[int, int] | None = None
         if img.width > DOCS_WIDTH:
             img = img.resize((DOCS_WIDTH, round(img.height * DOCS_WIDTH / img.width)), Image.LANCZOS)
         Path(DOCS_SHOTS).mkdir(parents=True, exist_ok=True)
-        img.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(Path(DOCS_SHOTS) / out.name, optimize=True)
+        img.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(Path(DOCS_SHOTS) / out.name, optimize=True)
     return out
 
 
@@ -156,7 +156,7 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     _until(lambda: "step" in driver.find_element(By.ID, "logs").text, "the log to stream")
     _until(lambda: driver.find_elements(By.CSS_SELECTOR, "#timeline li"), "the events timeline")
     assert '"max_steps": 400' in driver.find_element(By.ID, "spec").text
-    _shot(driver, tmp_path, "job", size=(1280, 1900))
+    _shot(driver, tmp_path, "job", size=(1280, 1500))
 
     driver.find_element(By.ID, "btn-cancel").click()
     _until(lambda: driver.find_element(By.CSS_SELECTOR, "#job-state .state").text == "cancelled", "the job to be cancelled")
@@ -252,4 +252,4 @@ def test_quick_lora_job_then_chat_with_it(browser, server, tmp_path, train_file)
            timeout=120)
     _until(lambda: browser.find_elements(By.CSS_SELECTOR, "#artifacts button"), "the artifacts")
     browser.execute_script("window.scrollTo(0, 0)")
-    _shot(browser, tmp_path, "chat", size=(1280, 1900))
+    _shot(browser, tmp_path, "chat", size=(1280, 1100))

@@ -6,7 +6,7 @@
   KT.COLORS = COLORS;
 
   /* Axis ticks readable at any scale: 3e-4 rather than 0. */
-  const tick = (v) => v === null ? "" : (v !== 0 && Math.abs(v) < 0.01) ? v.toExponential(1) : Math.abs(v) >= 10000 ? v.toExponential(1) : +v.toPrecision(4) + "";
+  const tick = (v) => v === null ? "" : (v !== 0 && (Math.abs(v) < 0.01 || Math.abs(v) >= 100000)) ? Number(v.toPrecision(4)).toExponential() : +v.toPrecision(6) + "";
 
   /* A chart in `box` with x = step and one line per label; .set(xs, [ys...]) redraws it. */
   KT.chart = function (box, title, labels, opts = {}) {
@@ -16,7 +16,7 @@
     const u = new uPlot({
       title, width: width(), height: opts.height || 200, series,
       scales: { x: { time: false } },
-      axes: [{ stroke: "#888", grid: { stroke: "#8883" }, incrs: STEP_INCRS }, { stroke: "#888", grid: { stroke: "#8883" }, size: 60, values: (_u, splits) => splits.map(tick) }],
+      axes: [{ stroke: "#888", grid: { stroke: "#8883" }, incrs: STEP_INCRS }, { stroke: "#888", grid: { stroke: "#8883" }, size: 74, values: (_u, splits) => splits.map(tick) }],
       legend: { show: labels.length > 1 || !!opts.legend },
     }, [[], ...labels.map(() => [])], box);
     const ro = new ResizeObserver(() => u.setSize({ width: width(), height: opts.height || 200 }));

@@ -139,7 +139,7 @@ KT.pages.job = function (main, id) {
         const r = await KT.api("/v1/chat/completions", { method: "POST", json: { model, messages: history, max_tokens: 128 } });
         const answer = r.choices[0].message.content;
         history.push({ role: "assistant", content: answer });
-        log.append(el("p", {}, el("strong", {}, "model: "), answer || el("em", { class: "muted" }, "(an empty reply)")));
+        log.append(el("p", {}, el("strong", {}, "model: "), (answer || "").trim() ? answer : el("em", { class: "muted" }, "(an empty reply)")));
       } catch (e) { log.append(el("p", { class: "error" }, e.message)); }
     } }, input, " ", el("button", { type: "submit", class: "primary" }, "Send"));
     chat.replaceChildren(el("h2", {}, `Chat with ${model}`), log, form);
