@@ -41,7 +41,7 @@ KT.pages.jobs = function (main) {
   }
   function matches(j) {
     if (state.status && j.status !== state.status) return false;
-    if (!state.q) return true;
+    if (!state.q || state.rows.has(j.id)) return true;  // a row the server's search found stays (it also searches the spec)
     const q = state.q.toLowerCase();
     return [j.id, j.name, j.model].some((x) => (x || "").toLowerCase().includes(q));
   }
