@@ -24,7 +24,8 @@ $(BIN)/kubetune: pyproject.toml
 setup: $(BIN)/kubetune
 
 # System packages the tests use: Debian's OCI registry (docker-registry) and PostgreSQL (tests/server run the
-# jobs service on it too), each started on 127.0.0.1 or a socket by a fixture.
+# jobs service on it too), each started on 127.0.0.1 or a socket by a fixture; and headless Chromium with its
+# WebDriver (chromium, chromium-driver) for the dashboard's browser tests (tests/server/test_dashboard.py).
 test-deps:
 	@if ! command -v docker-registry >/dev/null 2>&1 && [ ! -x /usr/bin/docker-registry ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -35,6 +36,11 @@ test-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  echo "test-deps: installing postgresql (Debian package)"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "test-deps: installing chromium and chromium-driver (Debian packages)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	fi
 
 QUESTION ?= What is the capital of France?

@@ -31,6 +31,9 @@ from .store import Store, new_id
 __all__ = ["create_app", "run_server"]
 
 log = logging.getLogger("kubetune.server")
+# On shutdown, how long open responses may take to end: an event stream (a dashboard left open, a client
+# following a job) never ends by itself, and would otherwise hold the server up until it is killed.
+GRACEFUL_SHUTDOWN_S = 3
 
 
 def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = None) -> Any:
@@ -204,6 +207,9 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
     from .post_training import register as register_post_training
 
     register_post_training(app, store, runner, config, project)
+    from .dashboard import register as register_dashboard
+
+    register_dashboard(app, store, config, project)  # the web dashboard at / (docs/dashboard.md)
 
     # -- models and chat --------------------------------------------------------------------------
     @app.get("/v1/models")
@@ -226,7 +232,8 @@ def run_server(config: ServerConfig, store: Store) -> None:
     port = sock.getsockname()[1]
     keys = "API keys required" if store.has_keys() else "no API keys: open to this machine only"
     print(f"kubetune server at http://{_url_host(config.host)}:{port}/v1 (backend {config.backend}, {keys})", flush=True)
-    uvicorn.Server(uvicorn.Config(app, host=config.host, port=port, log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, host=config.host, port=port, log_level="warning",
+                                  timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)).run(sockets=[sock])
 
 
 # --- helpers ---------------------------------------------------------------------------------------
