@@ -54,6 +54,13 @@ def test_client_drives_a_server(make_server, tmp_path):
     assert "adapter/adapter_config.json" in files and "status.json" in files
     got = httpx.get(f"{server.url}/jobs/{ref.id}/artifacts/adapter/adapter_config.json", headers=headers)
     assert got.status_code == 200 and json.loads(got.content)["r"] == 8
+    # a succeeded native job is a model of the project: chat with it (the dashboard's chat panel does this)
+    native = httpx.get(f"{server.url}/jobs/{ref.id}", headers=headers).json()
+    assert native["fine_tuned_model"] == f"ft:builtin://tiny-chat:native-one:{ref.id}"
+    assert native["fine_tuned_model"] in [m["id"] for m in httpx.get(f"{server.url}/models", headers=headers).json()["data"]]
+    reply = httpx.post(f"{server.url}/chat/completions", headers=headers, timeout=120,
+                       json={"model": native["fine_tuned_model"], "messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 4})
+    assert reply.status_code == 200 and reply.json()["model"] == native["fine_tuned_model"] and reply.json()["usage"]["completion_tokens"] > 0
     escape = httpx.get(f"{server.url}/jobs/{ref.id}/artifacts/..%2F..%2Fserver.yaml", headers=headers)
     assert escape.status_code == 404 and escape.json()["error"]["code"] == "artifact_not_found"
 

@@ -19,6 +19,7 @@ from ..errors import KubetuneError, SpecError
 from ..serve.protocol import APIError
 from .config import ServerConfig
 from .runner import TERMINAL, Runner
+from .objects import fine_tuned_name
 from .store import Store, new_id
 
 __all__ = ["register", "native_job"]
@@ -70,7 +71,8 @@ def register(app: FastAPI, store: Store, runner: Runner, config: ServerConfig, p
                            "upload the result (or run the job with kubetune run)", param="spec", code="invalid_spec")
         resolved = spec_to_dict(job)
         rec = store.add_job(id=job_id, project_id=p["id"], kind="native", model=job.model.source, hyperparameters={}, method={"type": job.method.type},
-                            spec=resolved, status="queued", backend=config.backend, fine_tuned_model=None)
+                            spec=resolved, status="queued", backend=config.backend,
+                            fine_tuned_model=fine_tuned_name(job.model.source, job.name, job_id))  # chat with it once it succeeded
         store.add_events(job_id, [{"created_at": time.time(), "level": "info", "type": "message", "message": f"Created job: {job_id} ({job.name})", "data": None}])
         runner.wake()
         return native_job(rec)

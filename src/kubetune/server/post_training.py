@@ -35,6 +35,7 @@ from ..errors import KubetuneError
 from ..integrations.llama_stack.mapping import checkpoints, dpo_spec, job_status, normalize_rows, sft_spec
 from ..serve.protocol import APIError
 from .config import ServerConfig
+from .objects import fine_tuned_name
 from .runner import Runner
 from .store import Store
 
@@ -142,7 +143,7 @@ def register(app: FastAPI, store: Store, runner: Runner, config: ServerConfig, p
         except KubetuneError as e:
             raise APIError(400, f"the job cannot run: {e.message}", code="invalid_job") from None
         store.add_job(id=job_uuid, project_id=p["id"], kind=_KIND, model=name, hyperparameters={}, method={"type": resolved["method"]["type"]},
-                      spec=resolved, status="queued", backend=config.backend, fine_tuned_model=None,
+                      spec=resolved, status="queued", backend=config.backend, fine_tuned_model=fine_tuned_name(name, None, job_uuid),
                       extra_metadata={"llama_stack": kind, "notes": notes} if notes else {"llama_stack": kind})
         events = [{"created_at": time.time(), "level": "info", "type": "message", "message": f"Created llama-stack {kind} job: {job_uuid}", "data": None}]
         events += [{"created_at": time.time(), "level": "warn", "type": "message", "message": note, "data": None} for note in notes]
