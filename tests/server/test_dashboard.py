@@ -158,7 +158,8 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     assert '"max_steps": 400' in driver.find_element(By.ID, "spec").text
     _shot(driver, tmp_path, "job", size=(1280, 1500))
 
-    driver.find_element(By.ID, "btn-cancel").click()
+    # the job page re-renders its buttons as events arrive: find and click in one step, again if it went stale
+    _until(lambda: driver.find_element(By.ID, "btn-cancel").click() or True, "the cancel button to take the click")
     _until(lambda: driver.find_element(By.CSS_SELECTOR, "#job-state .state").text == "cancelled", "the job to be cancelled")
     assert httpx.get(f"{server.url}/jobs/{job['id']}", headers=headers).json()["status"] == "cancelled"
 

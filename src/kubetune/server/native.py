@@ -143,8 +143,12 @@ def _parse_spec(body: bytes, content_type: str) -> dict:
         if "json" in content_type:
             data = json.loads(body)
             data = data.get("spec", data) if isinstance(data, dict) and isinstance(data.get("spec"), dict) else data
-        else:
-            data = yaml.safe_load(body.decode("utf-8"))
+        else:  # the spec's bounded YAML reader: an alias bomb or a duplicate key is refused, not expanded
+            from ..spec.reader import parse_spec_text
+
+            data = parse_spec_text(body.decode("utf-8"), "spec")[0]
+    except SpecError as e:
+        raise APIError(400, f"the spec is not valid YAML: {e.message}", param="spec", code="invalid_spec") from None
     except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise APIError(400, f"the spec is not valid {'JSON' if 'json' in content_type else 'YAML'}: {e}", param="spec", code="invalid_spec") from None
     if not isinstance(data, dict):

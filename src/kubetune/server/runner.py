@@ -157,6 +157,8 @@ class Runner:
     def cancel(self, job: dict) -> dict:
         """Stop the job (queued or paused: at once; running: its worker is stopped) and record ``cancelled``."""
         with self._lock:
+            # as the database has it now: the runner may have submitted it while this request waited for the lock
+            job = self.store.get_job(None, job["id"]) or job
             if job["status"] in ("queued", "validating_files", "paused"):
                 self._end(job, "cancelled", message="Fine-tuning job cancelled")
             elif job["status"] == "running":
@@ -176,6 +178,7 @@ class Runner:
             BackendError: the backend cannot stop a job that way (only local can).
         """
         with self._lock:
+            job = self.store.get_job(None, job["id"]) or job  # as the database has it now (see cancel)
             if job["status"] == "queued":
                 self.store.update_job(job["id"], expect=("queued",), status="paused")
             elif job["status"] == "running" and job.get("backend_ref"):

@@ -34,6 +34,11 @@ def field_line(text: str, field: str) -> int | None:
     return line
 
 
+def _line_of(message: str) -> int | None:
+    m = re.search(r"\bspec:(\d+)", message)
+    return int(m.group(1)) if m else None
+
+
 def _problem(text: str, raw: str) -> dict:
     m = _PROBLEM_RE.match(raw.strip())
     field, message = (m["field"], m["message"]) if m else (None, raw.strip())
@@ -42,22 +47,20 @@ def _problem(text: str, raw: str) -> dict:
 
 def validate_spec_text(text: str) -> dict:
     """``{"valid": bool, "errors": [{"field", "message", "line"}], "spec": resolved spec or None}``."""
-    import yaml
-
     from ...errors import SpecError
     from ...spec import load_spec, spec_to_dict
+    from ...spec.reader import parse_spec_text
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        return {"valid": False, "spec": None, "errors": [{"field": None, "message": f"not valid YAML: {getattr(e, 'problem', None) or e}",
-                                                          "line": mark.line + 1 if mark else None}]}
-    if not isinstance(data, dict):
+    try:  # the spec's bounded YAML reader: duplicate keys, alias bombs and oversized documents are refused with their line
+        parsed = parse_spec_text(text, "spec")[0]
+    except SpecError as e:
+        return {"valid": False, "spec": None, "errors": [{"field": None, "message": f"not valid YAML: {e.message}",
+                                                          "line": _line_of(e.message)}]}
+    if not isinstance(parsed, dict):
         return {"valid": False, "spec": None, "errors": [{"field": None, "line": None,
                                                           "message": "the spec must be a mapping of sections (name, model, dataset, ...)"}]}
     try:
-        job = load_spec(data)
+        job = load_spec(parsed)
     except SpecError as e:
         return {"valid": False, "spec": None, "errors": [_problem(text, p) for p in e.problems]}
     refused = [f for f, set_ in (("entrypoint", job.entrypoint is not None),
