@@ -99,6 +99,12 @@ def _until(predicate, what: str, timeout: float = WAIT_S):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
+def _click(driver, by: str, selector: str) -> None:
+    """Find and click in one step, again when the element went stale: the pages re-render rows and buttons as events
+    arrive, so an element found a moment ago may be gone."""
+    _until(lambda: driver.find_element(by, selector).click() or True, f"{selector} to take the click")
+
+
 def _login(driver, base: str, key: str, *, enter: bool = False) -> None:
     """Sign in on the login page (``enter``: with the keyboard alone)."""
     from selenium.webdriver.common.by import By
@@ -109,7 +115,7 @@ def _login(driver, base: str, key: str, *, enter: bool = False) -> None:
     box.clear()
     box.send_keys(key + (Keys.ENTER if enter else ""))
     if not enter:
-        driver.find_element(By.ID, "login").click()
+        _click(driver, By.ID, "login")
 
 
 def _step(text: str) -> int:
@@ -148,7 +154,7 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     assert driver.execute_script("return document.documentElement.scrollWidth") <= 400
     driver.set_window_size(1280, 900)
 
-    driver.find_element(By.CSS_SELECTOR, f"{row} a.job-link").click()
+    _click(driver, By.CSS_SELECTOR, f"{row} a.job-link")
     loss_chart = "[data-chart='Loss']"
     points = _until(lambda: int(driver.find_element(By.CSS_SELECTOR, loss_chart).get_attribute("data-points")) > 1 and
                     int(driver.find_element(By.CSS_SELECTOR, loss_chart).get_attribute("data-points")), "a loss curve")
@@ -158,8 +164,7 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     assert '"max_steps": 400' in driver.find_element(By.ID, "spec").text
     _shot(driver, tmp_path, "job", size=(1280, 1500))
 
-    # the job page re-renders its buttons as events arrive: find and click in one step, again if it went stale
-    _until(lambda: driver.find_element(By.ID, "btn-cancel").click() or True, "the cancel button to take the click")
+    _click(driver, By.ID, "btn-cancel")
     _until(lambda: driver.find_element(By.CSS_SELECTOR, "#job-state .state").text == "cancelled", "the job to be cancelled")
     assert httpx.get(f"{server.url}/jobs/{job['id']}", headers=headers).json()["status"] == "cancelled"
 
@@ -167,7 +172,7 @@ def test_dashboard_follows_a_training_job(browser, server, tmp_path):
     driver.get(f"{base}/#/submit")
     editor = _until(lambda: driver.find_element(By.ID, "spec-yaml"), "the submit page")
     editor.send_keys(f"name: bad\nmodel: {{source: builtin://tiny-chat}}\ndataset: {{source: {CAPITALS}}}\ntraining:\n  max_steps: many\n")
-    driver.find_element(By.ID, "validate").click()
+    _click(driver, By.ID, "validate")
     err = _until(lambda: driver.find_element(By.CSS_SELECTOR, "#spec-errors li[data-field='training.max_steps']"), "the field error")
     assert "line 5" in err.text and "valid integer" in err.text
     assert editor.get_attribute("aria-invalid") == "true"
