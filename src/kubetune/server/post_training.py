@@ -22,7 +22,6 @@ import base64
 import csv
 import io
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from urllib.parse import unquote
 from fastapi import FastAPI, Request
 
 from ..errors import KubetuneError
-from ..integrations.llama_stack.mapping import checkpoints, dpo_spec, job_status, normalize_rows, sft_spec
+from ..integrations.llama_stack.mapping import checkpoints, dpo_spec, job_status, normalize_rows, sft_spec, write_jsonl
 from ..serve.protocol import APIError
 from .config import ServerConfig
 from .objects import fine_tuned_name
@@ -229,11 +228,7 @@ class _Datasets:
         rows = _source_rows(source)
         dataset_id = body.get("dataset_id") or f"dataset-{int(time.time() * 1000):x}"
         meta_path, rows_path = self._paths(project_id, dataset_id)
-        tmp = rows_path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, rows_path)
+        write_jsonl(rows_path, rows)
         meta = {"identifier": dataset_id, "provider_resource_id": dataset_id, "provider_id": _PROVIDER_ID, "type": "dataset",
                 "purpose": purpose, "source": {"type": source.get("type")} | ({"uri": source["uri"][:64] + "..."} if source.get("type") == "uri" else {}),
                 "metadata": body.get("metadata") or {}, "rows": len(rows)}
@@ -278,12 +273,7 @@ class _Datasets:
         except KubetuneError as e:
             raise APIError(400, f"{field} '{dataset_id}': {e.message}", param=field) from None
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_jsonl(path, rows)
 
 
 def _source_rows(source: dict) -> list[dict]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ...errors import KubetuneError
 from .config import KubetuneInlineConfig
-from .mapping import checkpoints, dpo_spec, job_status, merge_spec, normalize_rows, sft_spec
+from .mapping import checkpoints, dpo_spec, job_status, merge_spec, normalize_rows, sft_spec, write_jsonl
 
 __all__ = ["get_provider_impl", "KubetunePostTraining"]
 
@@ -196,12 +196,7 @@ class KubetunePostTraining:
         except KubetuneError as e:
             raise ValueError(f"{field} {dataset_id!r}: {e.message}") from None
         rows = rows[:cap] if cap else rows
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_jsonl(path, rows)
 
     def _read(self, job_uuid: str) -> dict:
         path = self.root / "jobs" / job_uuid / _RECORD if _UUID_RE.match(job_uuid or "") else None

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 from ... import constants as C
 from ...errors import SpecError
 
-__all__ = ["MappingError", "merge_spec", "plain", "sft_spec", "dpo_spec", "normalize_rows", "job_status", "checkpoints", "job_name", "LLAMA_STATUS"]
+__all__ = ["MappingError", "merge_spec", "plain", "write_jsonl", "sft_spec", "dpo_spec", "normalize_rows", "job_status", "checkpoints", "job_name", "LLAMA_STATUS"]
 
 
 class MappingError(SpecError):
@@ -64,6 +64,18 @@ def merge_spec(base: dict, extra: dict) -> dict:
     for k, v in extra.items():
         out[k] = merge_spec(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
+
+
+def write_jsonl(path, rows: Iterable[dict]):
+    """Write ``rows`` as JSON lines to ``path`` atomically (a temporary file renamed into place); returns ``path``."""
+    import os
+
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def _get(d: dict | None, key: str, default: Any = None) -> Any:
