@@ -101,6 +101,10 @@ def test_checkpoint_saved_never_blocks_and_drops_superseded(s3, tmp_path, fault_
             sync.checkpoint_saved(ck)
             waits.append(time.monotonic() - t)
             shutil.rmtree(ck)  # training rotates checkpoints away: the hard-linked snapshot must survive
+            if step == 1:  # let the new worker thread take checkpoint-1 (a loaded machine may start it late)
+                deadline = time.monotonic() + 30
+                while sync._queue and time.monotonic() < deadline:
+                    time.sleep(0.01)
     finally:
         gc.enable()
     assert max(waits) < proxy.slow_seconds / 2, waits  # training never waits for the network (a PUT takes 2 s)
