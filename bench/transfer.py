@@ -10,8 +10,10 @@ its tokenizer plus a sharded dataset. The S3 server is moto's standalone server 
 * **single-stream loop**: one ``put_object`` / ``get_object`` per file, one after the other.
 
 kubetune is ``storage.push`` and ``storage.fetch`` as shipped: concurrent multipart transfers, temp names +
-rename, size and ETag verification of every downloaded file. Each run measures the three sides in a rotating
-order (the machine may be shared and noisy); medians and their ratios are reported.
+rename, size and ETag verification of every downloaded file. It is measured twice when ``awscrt`` is installed:
+uploading through s3transfer's classic thread pool (``KUBETUNE_S3_TRANSFER_CLIENT=classic``) and through the AWS
+CRT client (``=crt``, what ``auto`` picks then); downloads are kubetune's own in both. Each run measures the sides
+in a rotating order (the machine may be shared and noisy); medians and their ratios are reported.
 
     .venv/bin/python bench/transfer.py                  # 256 MiB, 516 files, 3 runs
     .venv/bin/python bench/transfer.py --size-mb 64 --runs 1   # quick look
@@ -126,9 +128,10 @@ def managed_download(client, bucket: str, prefix: str, dest: Path) -> None:
             f.result()
 
 
-def kubetune_upload(bucket: str, prefix: str, src: Path) -> None:
+def kubetune_upload(bucket: str, prefix: str, src: Path, engine: str) -> None:
     from kubetune.storage import push
 
+    os.environ["KUBETUNE_S3_TRANSFER_CLIENT"] = engine
     push(src, f"s3://{bucket}/{prefix}")
 
 
@@ -175,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         client.create_bucket(Bucket=bucket)
         n_files, n_bytes = make_folder(work / "src", args.size_mb)
         print(f"folder: {n_files} files, {n_bytes / MiB:.0f} MiB; S3: moto server at {endpoint} (own process)")
-        sides = ("single", "managed", "kubetune")
+        sides = ("single", "managed", "kubetune") + (("crt",) if _has_crt() else ())
+        if "crt" not in sides:
+            print("awscrt is not installed: measuring kubetune's classic uploads only (pip install 'kubetune[crt]' for the CRT side)")
         up = {"single": lambda p, src: baseline_upload(client, bucket, p, src), "managed": lambda p, src: managed_upload(client, bucket, p, src),
-              "kubetune": lambda p, src: kubetune_upload(bucket, p, src)}
+              "kubetune": lambda p, src: kubetune_upload(bucket, p, src, "classic"), "crt": lambda p, src: kubetune_upload(bucket, p, src, "crt")}
         down = {"single": lambda p, d: baseline_download(client, bucket, p, d), "managed": lambda p, d: managed_download(client, bucket, p, d),
-                "kubetune": lambda p, d: kubetune_download(bucket, p, d)}
+                "kubetune": lambda p, d: kubetune_download(bucket, p, d), "crt": lambda p, d: kubetune_download(bucket, p, d)}
         times: dict[str, list[float]] = {f"{side} {way}": [] for side in sides for way in ("up", "down")}
         for run in range(args.runs):
-            order = sides[run % 3:] + sides[:run % 3]  # each side goes first once every three runs
+            order = sides[run % len(sides):] + sides[:run % len(sides)]  # each side goes first in turn
             for side in order:
                 prefix, dest = f"{side}-{run}", work / f"{side}-{run}"
                 t = time.perf_counter()
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 clear(client, bucket, prefix)
                 print(f"run {run + 1} {side:8s}: up {times[f'{side} up'][-1]:6.1f}s  down {times[f'{side} down'][-1]:6.1f}s", flush=True)
         med = {k: median(v) for k, v in times.items()}
-        table = render(med, n_files, n_bytes, args)
+        table = render(med, n_files, n_bytes, args, sides)
         print()
         print(table)
         if args.write_docs:
@@ -210,16 +215,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(med: dict[str, float], n_files: int, n_bytes: int, args) -> str:
+def _has_crt() -> bool:
+    try:
+        import awscrt.s3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def render(med: dict[str, float], n_files: int, n_bytes: int, args, sides: tuple[str, ...]) -> str:
     mb = n_bytes / MiB
+    crt = "crt" in sides
 
     def cell(t: float, moved: float) -> str:
         return f"{t:.1f} s ({moved / t:.0f} MiB/s)"
 
     def row(name: str, way: str | None, moved: float = mb) -> str:
-        t = {side: (med[f"{side} {way}"] if way else med[f"{side} up"] + med[f"{side} down"]) for side in ("single", "managed", "kubetune")}
-        return (f"| {name} | {cell(t['single'], moved)} | {cell(t['managed'], moved)} | {cell(t['kubetune'], moved)} "
-                f"| **{t['managed'] / t['kubetune']:.2f}x** | {t['single'] / t['kubetune']:.2f}x |")
+        t = {side: (med[f"{side} {way}"] if way else med[f"{side} up"] + med[f"{side} down"]) for side in sides}
+        out = f"| {name} | {cell(t['single'], moved)} | {cell(t['managed'], moved)} | {cell(t['kubetune'], moved)} "
+        if crt:
+            out += f"| {cell(t['crt'], moved)} "
+        out += f"| **{t['managed'] / t['kubetune']:.2f}x** "
+        if crt:
+            out += f"| **{t['managed'] / t['crt']:.2f}x** "
+        return out + f"| {t['single'] / min(t[s] for s in sides if s in ('kubetune', 'crt')):.2f}x |"
+
+    head = "| transfer | single-stream boto3 loop | boto3 managed transfer | kubetune, classic uploads "
+    head += "| kubetune, CRT uploads | classic vs managed | CRT vs managed " if crt else "| vs managed "
+    head += "| best kubetune vs single-stream |"
+    cols = head.count("|") - 1
 
     cmd = ".venv/bin/python bench/transfer.py" + (f" --size-mb {args.size_mb}" if args.size_mb != 256 else "") + \
           (f" --runs {args.runs}" if args.runs != 3 else "") + " --write-docs"
@@ -228,10 +252,13 @@ def render(med: dict[str, float], n_files: int, n_bytes: int, args) -> str:
         f"server: moto's S3 server in its own process on 127.0.0.1. {args.runs} runs, each side in a rotating order; "
         "medians; speed-up = baseline time / kubetune time. The baseline to beat is boto3's managed transfer as "
         "`aws s3 cp --recursive` runs it (`create_transfer_manager`, default `TransferConfig`: 10 concurrent requests, "
-        "8 MiB parts; every file submitted at once).",
+        "8 MiB parts; every file submitted at once). kubetune's downloads are the same code in both kubetune columns; "
+        "its uploads go through s3transfer's thread pool (classic) or the AWS CRT client (`awscrt` "
+        f"{_crt_version()}, what `KUBETUNE_S3_TRANSFER_CLIENT=auto` uses when it is installed)." if crt else
+        "8 MiB parts; every file submitted at once). awscrt was not installed: kubetune's classic uploads only.",
         "",
-        "| transfer | single-stream boto3 loop | boto3 managed transfer | kubetune storage.push / fetch | vs managed | vs single-stream |",
-        "| --- | --- | --- | --- | --- | --- |",
+        head,
+        "|" + " --- |" * cols,
         row("upload", "up"),
         row("download (kubetune verifies size + ETag)", "down"),
         row("both (the folder up, then down)", None, 2 * mb),
@@ -241,6 +268,12 @@ def render(med: dict[str, float], n_files: int, n_bytes: int, args) -> str:
         "measures request overlap and per-request overhead more than bandwidth, and absolute times are noisy; "
         "the ratio of medians is the number to read.",
     ])
+
+
+def _crt_version() -> str:
+    from importlib.metadata import version
+
+    return version("awscrt")
 
 
 def _mem_gib() -> int:

@@ -152,6 +152,8 @@ ENV_DOCKER_CONFIG = "DOCKER_CONFIG"  # directory of config.json with registry cr
 ENV_MAX_UNPACK_BYTES = "KUBETUNE_MAX_UNPACK_BYTES"  # archive bomb guard: most bytes one archive may unpack to (replaces the default below)
 ENV_MAX_UNPACK_FILES = "KUBETUNE_MAX_UNPACK_FILES"  # archive bomb guard: most members one archive may hold
 ENV_TRANSFER_CONCURRENCY = "KUBETUNE_TRANSFER_CONCURRENCY"  # parallel streams per transfer (default below)
+ENV_S3_TRANSFER_CLIENT = "KUBETUNE_S3_TRANSFER_CLIENT"  # S3 uploads: auto (the AWS CRT client when awscrt is installed), crt, classic
+S3_TRANSFER_CLIENTS = ("auto", "crt", "classic")
 STORAGE_PART_SUFFIX = ".kubetune-part"  # a download in progress; renamed to its real name once verified
 # `kubetune deliver`: written last into a destination folder or S3 prefix, once every file was verified (a
 # record of the source and each file's size and sha256); a destination without it is incomplete

@@ -21,7 +21,15 @@ def small_parts(monkeypatch):
     monkeypatch.setattr(C, "STORAGE_MULTIPART_CHUNKSIZE", 5 * 1024 * 1024)
 
 
-def test_directory_round_trip(s3, tmp_path):
+@pytest.fixture(params=["crt", "classic"])
+def engine(request, monkeypatch):
+    """Uploads through the AWS CRT client (what auto picks when awscrt is installed, as in the test extra) or
+    s3transfer's classic thread pool: both must give the same objects."""
+    monkeypatch.setenv(C.ENV_S3_TRANSFER_CLIENT, request.param)
+    return request.param
+
+
+def test_directory_round_trip(s3, tmp_path, engine):
     files = sample_files(n_small=30)
     src = make_tree(tmp_path / "src", files)
 
@@ -50,7 +58,7 @@ def test_single_object_and_trailing_slash_push(s3, tmp_path):
     assert got.read_bytes() == f.read_bytes()
 
 
-def test_multipart_above_threshold(s3, tmp_path, small_parts):
+def test_multipart_above_threshold(s3, tmp_path, small_parts, engine):
     data = os.urandom(12 * 1024 * 1024 + 123)
     src = make_tree(tmp_path / "src", {"model.safetensors": data, "config.json": b"{}"})
     push(src, s3.uri("big"))
@@ -135,7 +143,7 @@ def test_in_flight_verification_catches_corruption(s3, tmp_path, small_parts, fa
 
 
 @pytest.mark.parametrize("kind", ["500", "503", "reset", "cut"])
-def test_injected_faults_upload_and_download_byte_exact(s3, tmp_path, fault_proxy, monkeypatch, small_parts, kind):
+def test_injected_faults_upload_and_download_byte_exact(s3, tmp_path, fault_proxy, monkeypatch, small_parts, kind, engine):
     proxy = fault_proxy(s3.endpoint)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     files = sample_files(n_small=5)
@@ -225,7 +233,7 @@ def test_unreachable_endpoint(s3, tmp_path, monkeypatch):
     assert "AWS_ENDPOINT_URL" in msg
 
 
-def test_access_denied_names_credentials_not_values(s3_auth_server, monkeypatch, tmp_path):
+def test_access_denied_names_credentials_not_values(s3_auth_server, monkeypatch, tmp_path, engine):
     from _support.fixtures_servers import _aws_env
 
     key_id, secret = s3_auth_server.denied_key  # a real key of a user without permissions
@@ -250,3 +258,65 @@ def test_no_credentials(s3, monkeypatch, tmp_path):
     with pytest.raises(SourceError) as e:
         fetch(s3.uri("m"), tmp_path / "d")
     assert "no usable AWS credentials" in str(e.value) and "AWS_ACCESS_KEY_ID" in str(e.value)
+
+
+def test_auto_uploads_through_the_crt_client_when_awscrt_is_installed(s3, monkeypatch):
+    from s3transfer.crt import CRTTransferManager
+    from s3transfer.manager import TransferManager
+
+    from kubetune.storage.s3_client import transfer_client
+
+    monkeypatch.delenv(C.ENV_S3_TRANSFER_CLIENT, raising=False)
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert transfer_client() == "crt"  # the test extra installs kubetune[crt]
+    with s3mod._transfer_manager() as tm:
+        assert isinstance(tm, CRTTransferManager)
+    monkeypatch.setenv(C.ENV_S3_TRANSFER_CLIENT, "classic")
+    with s3mod._transfer_manager() as tm:
+        assert isinstance(tm, TransferManager)
+    monkeypatch.delenv(C.ENV_S3_TRANSFER_CLIENT)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # the CRT client would not go through it: auto stays classic
+    assert transfer_client() == "classic"
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # ...unless the endpoint is exempt
+    assert transfer_client() == "crt"
+
+
+def test_crt_asked_for_without_awscrt_names_the_extra(s3, monkeypatch, tmp_path):
+    import sys
+
+    from kubetune.storage.s3_client import transfer_client
+
+    monkeypatch.setitem(sys.modules, "awscrt.s3", None)  # as if awscrt were not installed: importing it fails
+    monkeypatch.delenv(C.ENV_S3_TRANSFER_CLIENT, raising=False)
+    assert transfer_client() == "classic"  # auto falls back
+    monkeypatch.setenv(C.ENV_S3_TRANSFER_CLIENT, "crt")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(SourceError) as e:
+        push(tmp_path / "f.txt", s3.uri("x/"))
+    assert "KUBETUNE_S3_TRANSFER_CLIENT=crt" in str(e.value) and "kubetune[crt]" in e.value.hint
+
+
+def test_unknown_transfer_client_is_one_error(s3, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "f.txt").write_text("x")
+    env = {**os.environ, C.ENV_S3_TRANSFER_CLIENT: "fastest"}
+    result = subprocess.run([sys.executable, "-m", "kubetune.cli", "push", str(tmp_path / "f.txt"), s3.uri("x/")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "KUBETUNE_S3_TRANSFER_CLIENT='fastest' is not one of auto, crt, classic" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=s3.bucket)  # nothing was uploaded
+
+
+def test_crt_connection_failures_name_the_endpoint(s3, tmp_path, fault_proxy, monkeypatch):
+    proxy = fault_proxy(s3.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv(C.ENV_S3_TRANSFER_CLIENT, "crt")
+    proxy.fail(1000, "reset", when=lambda m, p: m == "PUT")  # the server accepts connections, then drops every upload
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(SourceError) as e:
+        push(tmp_path / "f.txt", s3.uri("x/"))
+    assert f"cannot reach the S3 endpoint {proxy.url}" in str(e.value) and "AWS_ENDPOINT_URL" in e.value.hint

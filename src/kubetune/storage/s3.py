@@ -3,7 +3,8 @@
 The endpoint comes from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (path-style addressing then,
 as MinIO wants); credentials and region from boto3's usual chain, never from a spec. Every request is
 retried by botocore's "standard" mode (5xx, throttling, resets; exponential backoff with jitter).
-Uploads go through s3transfer (many files and the parts of large files in parallel); downloads through
+Uploads go through s3transfer (many files and the parts of large files in parallel), on the AWS CRT client
+when ``awscrt`` is installed (``KUBETUNE_S3_TRANSFER_CLIENT`` chooses); downloads through
 :mod:`.s3_download` (files and byte ranges in parallel, verified against the listed size and ETag as they
 arrive, written to a temporary name and renamed). Files already present with the same size and time are
 skipped, so a rerun resumes.
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 from .. import constants as C
 from ..errors import SourceError
 from ._common import Progress, TransferStats, concurrency, log, part_path, safe_relpath
-from .s3_client import client, endpoint_url
+from .s3_client import client, crt_transfer_manager, endpoint_url, transfer_client
 from .s3_download import download_objects
 from .uri import Location, scrub
 
@@ -139,6 +140,13 @@ def map_error(e: Exception, loc: Location, action: str = "read") -> SourceError:
         if code in ("PreconditionFailed", "412"):
             return SourceError(f"{loc.safe}: an object changed while it was downloaded", hint="run the command again")
         return SourceError(f"{loc.safe}: S3 error {code or status} at {where}: {scrub(err.get('Message', ''))}")
+    if type(e).__name__ == "AwsCrtError":  # the CRT client's own failures (socket, DNS, TLS); S3's answers are ClientErrors
+        name = str(getattr(e, "name", "") or e)
+        if any(w in name for w in ("SOCKET", "DNS", "CONNECT", "TLS", "HOST")):
+            return SourceError(f"{loc.safe}: cannot reach the S3 endpoint {where} ({name})",
+                               hint=f"set {C.ENV_AWS_ENDPOINT_URL} to your S3 server (MinIO: http://HOST:9000), check the network")
+        return SourceError(f"{loc.safe}: the AWS CRT client failed to {action} it at {where}: {scrub(name)}",
+                           hint=f"set {C.ENV_S3_TRANSFER_CLIENT}=classic to use boto3's own transfer instead")
     return SourceError(f"{loc.safe}: {type(e).__name__}: {scrub(e)}")
 
 
@@ -203,6 +211,9 @@ def _require_bucket(loc: Location) -> None:
 
 # --- transfers -------------------------------------------------------------------------------
 def _transfer_manager():
+    """The uploader: the CRT client's manager when :func:`.s3_client.transfer_client` says so, else s3transfer's."""
+    if transfer_client() == "crt":
+        return crt_transfer_manager(C.STORAGE_MULTIPART_CHUNKSIZE)
     from s3transfer.manager import TransferConfig, TransferManager
 
     config = TransferConfig(
@@ -220,7 +231,7 @@ def _subscriber(progress: Progress, stats: TransferStats, size: int | None = Non
 
     class _Sub(BaseSubscriber):
         def on_queued(self, future, **kwargs):
-            if size is not None:
+            if size is not None and hasattr(future.meta, "provide_transfer_size"):  # the CRT's meta has no such setter
                 future.meta.provide_transfer_size(size)
 
         def on_progress(self, future, bytes_transferred, **kwargs):
