@@ -223,3 +223,17 @@ def test_the_model_source_and_revision_are_joined_in_one_place(source, revision,
 
     if source.startswith("hf://"):  # what fetch resolves is what the pinned URI names
         assert parse_uri(pinned).revision == parse_uri(source, revision).revision
+
+
+def test_merge_specs_merges_mappings_replaces_the_rest_and_changes_neither():
+    from kubetune.spec import merge_specs
+
+    base = {"method": {"type": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}, "training": {"epochs": 3}}
+    extra = {"method": {"lora": {"r": 16, "target_modules": ["o_proj"]}}, "training": {"learning_rate": 1e-4}}
+    before = (repr(base), repr(extra))
+    out = merge_specs(base, extra)
+    assert out == {"method": {"type": "lora", "lora": {"r": 16, "target_modules": ["o_proj"]}},
+                   "training": {"epochs": 3, "learning_rate": 1e-4}}
+    assert (repr(base), repr(extra)) == before
+    out["method"]["lora"]["target_modules"].append("x")
+    assert extra["method"]["lora"]["target_modules"] == ["o_proj"]  # a copy, not shared

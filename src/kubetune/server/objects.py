@@ -10,6 +10,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SpecError
+from ..spec.validate import merge_specs
 from ..serve.protocol import APIError
 from .config import AUTO_HYPERPARAMETERS, ServerConfig
 
@@ -78,13 +79,6 @@ def fine_tuned_name(model: str, suffix: str | None, job_id: str) -> str:
     return f"ft:{model}:{suffix or ''}:{job_id.removeprefix('ftjob-')}"
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
 def build_spec(config: ServerConfig, job_id: str, source: str, hp: dict, *, train_path: Path, valid_path: Path | None, seed: int | None) -> dict:
     """The kubetune spec of an OpenAI fine-tuning job: the method's defaults, then the request.
 
@@ -104,7 +98,7 @@ def build_spec(config: ServerConfig, job_id: str, source: str, hp: dict, *, trai
     }
     if seed is not None:
         request["training"]["seed"] = seed
-    spec = _merge(defaults, request)
+    spec = merge_specs(defaults, request)
     prefix = (defaults.get("output") or {}).get("uri")
     if prefix:  # a prefix shared by every job of the method: each publishes under its own id
         spec["output"]["uri"] = f"{str(prefix).rstrip('/')}/{job_id}"

@@ -29,7 +29,7 @@ from .job import (
 )
 from .load import dump_spec, explain_spec, load_spec, redacted_spec_dict, spec_to_dict, spec_warnings
 from .sweep import SweepParamSpec, SweepSpec
-from .validate import apply_overrides
+from .validate import apply_overrides, merge_specs
 
 __all__ = [
     "TuneJob",
@@ -44,6 +44,7 @@ __all__ = [
     "EntrypointSpec",
     "load_spec",
     "apply_overrides",
+    "merge_specs",
     "spec_to_dict",
     "dump_spec",
     "redacted_spec_dict",

@@ -4,6 +4,7 @@ model, :class:`~kubetune.spec.job.TuneJob` (:func:`base.root_model`)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import types as types_
@@ -20,6 +21,15 @@ from .base import _SCHEME_RE
 from .base import root_model
 
 # --- loading, overrides, errors --------------------------------------------------------------
+def merge_specs(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict:
+    """``base`` with ``extra`` merged in, recursively: mappings merge key by key, anything else in ``extra``
+    (a value, a list) replaces what ``base`` has. Neither is changed (a server's method defaults under a request)."""
+    out = copy.deepcopy(dict(base))
+    for k, v in extra.items():
+        out[k] = merge_specs(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else copy.deepcopy(v)
+    return out
+
+
 def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> Iterable[tuple[str, Any, str]]:
     """(key, value, how to name it in errors) for each override: ``KEY=VALUE`` strings or a mapping."""
     if overrides is None:

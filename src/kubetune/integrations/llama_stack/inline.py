@@ -24,7 +24,8 @@ from typing import Any
 
 from ...errors import KubetuneError
 from .config import KubetuneInlineConfig
-from .mapping import checkpoints, dpo_spec, job_status, merge_spec, normalize_rows, sft_spec, write_jsonl
+from ...spec.validate import merge_specs
+from .mapping import checkpoints, dpo_spec, job_status, normalize_rows, sft_spec, write_jsonl
 
 __all__ = ["get_provider_impl", "KubetunePostTraining"]
 
@@ -184,7 +185,7 @@ class KubetunePostTraining:
                 base["kubernetes"] = {"staging_uri": c.staging_uri}
         if c.output_uri:
             base["output"] = {"uri": c.output_uri}
-        return merge_spec(c.defaults, base)
+        return merge_specs(c.defaults, base)
 
     async def _rows(self, dataset_id: str, path: Path, field: str, cap: int | None = None) -> Path:
         try:

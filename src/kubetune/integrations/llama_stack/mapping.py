@@ -14,7 +14,6 @@ The field mapping table is in docs/llama-stack.md; keep the two together.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -25,8 +24,9 @@ from typing import Any, Iterable
 
 from ... import constants as C
 from ...errors import SpecError
+from ...spec.validate import merge_specs
 
-__all__ = ["MappingError", "merge_spec", "plain", "write_jsonl", "sft_spec", "dpo_spec", "normalize_rows", "job_status", "checkpoints", "job_name", "LLAMA_STATUS"]
+__all__ = ["MappingError", "plain", "write_jsonl", "sft_spec", "dpo_spec", "normalize_rows", "job_status", "checkpoints", "job_name", "LLAMA_STATUS"]
 
 
 class MappingError(SpecError):
@@ -56,14 +56,6 @@ def job_name(job_uuid: str) -> str:
     digest = hashlib.sha256(job_uuid.encode()).hexdigest()[:8]
     base = f"ls-{slug}"[: _NAME_MAX - 9].rstrip("-")
     return f"{base}-{digest}"
-
-
-def merge_spec(base: dict, extra: dict) -> dict:
-    """``base`` with ``extra`` merged in, recursively (``extra`` wins); neither is changed."""
-    out = copy.deepcopy(base)
-    for k, v in extra.items():
-        out[k] = merge_spec(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
 
 
 def write_jsonl(path, rows: Iterable[dict]):
@@ -168,7 +160,7 @@ def _spec(*, name: str, model_source: str, training: dict, method: dict, train_f
         "method": method,
         "training": training,
     }
-    return merge_spec(defaults or {}, spec)
+    return merge_specs(defaults or {}, spec)
 
 
 def sft_spec(*, job_uuid: str, model_source: str, training_config: dict, algorithm_config: dict | None,
