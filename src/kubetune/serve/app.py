@@ -64,24 +64,7 @@ def create_app(plan: ServePlan, options: ServeOptions, *, loaded: LoadedModels |
     app = FastAPI(title="kubetune", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = server
 
-    # -- errors: always OpenAI's body ------------------------------------------------------------
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError):
-        return JSONResponse(_validation_body(e.errors()), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, e: HTTPException):
-        message = f"{request.method} {request.url.path}: {e.detail}"
-        return JSONResponse(error_body(message, code=str(e.status_code)), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception):
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", type="server_error"), status_code=500)
+    add_error_handlers(app, internals=True)
 
     app.add_middleware(_Gate, api_key=options.api_key, metrics=metrics, max_body=options.max_request_bytes)
 
@@ -258,6 +241,30 @@ def _check_key(header: str | None, key: str) -> str | None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
         return "Incorrect API key provided"
     return None
+
+
+def add_error_handlers(app, *, internals: bool) -> None:
+    """Every error as OpenAI's error body: APIError as raised, request validation as a 400 naming the fields,
+    routing errors with the method and path, and anything else as a 500 (``internals``: with the exception's
+    message, for a single user's ``kubetune serve``; a shared server names only its type)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError):
+        return JSONResponse(_validation_body(e.errors()), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException):
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {e.detail}", code=str(e.status_code)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, e: Exception):
+        log.exception("unhandled error")
+        what = f"{type(e).__name__}: {e}" if internals else type(e).__name__
+        return JSONResponse(error_body(f"internal server error: {what}", type="server_error"), status_code=500)
 
 
 def _validation_body(errors: list) -> dict:

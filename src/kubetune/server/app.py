@@ -15,12 +15,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
-from starlette.exceptions import HTTPException
+from fastapi.responses import FileResponse
 
-from ..serve.app import _listen, _url_host, _validation_body
-from ..serve.protocol import APIError, error_body
+from ..serve.app import _listen, _url_host, add_error_handlers
+from ..serve.protocol import APIError
 from .auth import Auth
 from .config import ServerConfig
 from .files import check_training_file
@@ -59,22 +57,7 @@ def create_app(config: ServerConfig, store: Store, *, runner: Runner | None = No
     app = FastAPI(title="kubetune server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runner, app.state.store, app.state.config, app.state.chat = runner, store, config, chat
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError):
-        return JSONResponse(_validation_body(e.errors()), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, e: HTTPException):
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {e.detail}", code=str(e.status_code)), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception):
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal server error: {type(e).__name__}", type="server_error"), status_code=500)
+    add_error_handlers(app, internals=False)
 
     project = Depends(auth)
 
