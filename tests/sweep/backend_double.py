@@ -67,3 +67,31 @@ class InstantBackend:
 
     def list(self) -> list[JobRef]:
         return []
+
+
+def installer(monkeypatch, curve: Callable[[TuneJob], list[float]]) -> Callable[[], InstantBackend]:
+    """What a test's ``double`` fixture returns: a function that installs a fresh InstantBackend with ``curve`` as
+    backend "double" (each call replaces the previous one), with the sweep polling every 10 ms."""
+    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
+
+    def install() -> InstantBackend:
+        from kubetune.backends import BACKENDS
+
+        backend = InstantBackend(curve)
+        monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
+        return backend
+
+    return install
+
+
+def sweep_jobs(tiny_job, tmp_path, **defaults) -> Callable[..., TuneJob]:
+    """What a test's ``job`` fixture returns: ``make(**sweep)`` loads the tiny 6-step job with a ``sweep`` section
+    of ``defaults`` updated by ``sweep``, its trials under ``tmp_path/sweeps``."""
+    from kubetune.spec import load_spec
+
+    def make(**sweep) -> TuneJob:
+        spec = tiny_job(training={"max_steps": 6})
+        spec["sweep"] = {"dir": str(tmp_path / "sweeps" / "{id}"), **defaults, **sweep}
+        return load_spec(spec)
+
+    return make

@@ -21,7 +21,7 @@ from kubetune.spec import load_spec  # noqa: E402
 from kubetune.sweep import optuna_search  # noqa: E402
 from kubetune.sweep.run import load_sweep, run_sweep  # noqa: E402
 
-from .backend_double import InstantBackend  # noqa: E402
+from .backend_double import InstantBackend, installer, sweep_jobs  # noqa: E402
 
 GOOD, FINE, BAD = 1e-3, 2e-3, 5e-2
 LR_LOW, LR_HIGH = 1e-4, 1e-1
@@ -39,24 +39,12 @@ def curve(job) -> list[float]:
 
 @pytest.fixture
 def double(monkeypatch):
-    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
-
-    def install() -> InstantBackend:
-        backend = InstantBackend(curve)
-        monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
-        return backend
-
-    return install
+    return installer(monkeypatch, curve)
 
 
 @pytest.fixture
 def job(tiny_job, tmp_path):
-    def make(**sweep):
-        spec = tiny_job(training={"max_steps": 6})
-        spec["sweep"] = {"dir": str(tmp_path / "sweeps" / "{id}"), "objective": "train_loss", "parallel": 1, **sweep}
-        return load_spec(spec)
-
-    return make
+    return sweep_jobs(tiny_job, tmp_path, objective="train_loss", parallel=1)
 
 
 def tpe(trials: int, **more) -> dict:

@@ -9,13 +9,12 @@ import json
 import pytest
 
 from kubetune import constants as C
-from kubetune.backends import BACKENDS
 from kubetune.errors import BackendError, SpecError
 from kubetune.spec import load_spec
 from kubetune.sweep.run import load_sweep, run_sweep
 from kubetune.sweep.state import sweep_lock
 
-from .backend_double import InstantBackend
+from .backend_double import installer, sweep_jobs
 
 GOOD, FINE, BAD, LATE = 1e-3, 2e-3, 5e-2, 4e-3
 
@@ -32,25 +31,12 @@ def curve(job) -> list[float]:
 
 @pytest.fixture
 def double(monkeypatch):
-    """Install a fresh InstantBackend as backend "double" (each call replaces the previous one)."""
-    monkeypatch.setattr(C, "SWEEP_POLL_SECONDS", 0.01)
-
-    def install() -> InstantBackend:
-        backend = InstantBackend(curve)
-        monkeypatch.setitem(BACKENDS, "double", lambda **kw: backend)
-        return backend
-
-    return install
+    return installer(monkeypatch, curve)
 
 
 @pytest.fixture
 def job(tiny_job, tmp_path):
-    def make(**sweep):
-        spec = tiny_job(training={"max_steps": 6})
-        spec["sweep"] = {"dir": str(tmp_path / "sweeps" / "{id}"), "grid": {"training.learning_rate": [GOOD, FINE, BAD]}, **sweep}
-        return load_spec(spec)
-
-    return make
+    return sweep_jobs(tiny_job, tmp_path, grid={"training.learning_rate": [GOOD, FINE, BAD]})
 
 
 def test_median_rule_stops_the_bad_trial_and_a_rerun_leaves_it_stopped(double, job):
