@@ -74,6 +74,24 @@ def wait_for_http(url: str, timeout: float = 30.0, ok=(200, 401)) -> None:
     raise RuntimeError(f"{url} did not come up: {last}")
 
 
+def wait_for_child_http(proc, url: str, log, *, what: str, timeout: float, interval: float = 0.2) -> None:
+    """Poll ``url`` until it answers 200 while the child ``proc`` runs. An AssertionError with the end of its
+    ``log`` file when it exits first or does not answer within ``timeout`` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited {proc.returncode}:\n{log.read_text()[-5000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"{what} did not start:\n{log.read_text()[-5000:]}")
+
+
 # --- S3 ------------------------------------------------------------------------------------------
 @dataclass
 class S3Server:

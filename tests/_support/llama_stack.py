@@ -11,9 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
-from .fixtures_servers import free_port
+from .fixtures_servers import free_port, wait_for_child_http
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
@@ -48,17 +46,8 @@ class LlamaStack:
         """Start it and wait until its routes answer."""
         self.proc = subprocess.Popen([str(LLAMA), "stack", "run", str(self.config), "--port", str(self.port)], stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"llama stack run exited {self.proc.returncode}:\n{self.log.read_text()[-5000:]}")
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"llama stack run did not start:\n{self.log.read_text()[-5000:]}")
+        wait_for_child_http(self.proc, f"{self.url}/v1/health", self.log, what="llama stack run", timeout=120, interval=0.5)
+        return self
 
     def stop(self) -> None:
         """Stop the server (its process group: the server and its workers)."""

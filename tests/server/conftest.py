@@ -14,12 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests/ folder: shared helpers
-from _support.fixtures_servers import free_port  # noqa: E402
+from _support.fixtures_servers import free_port, wait_for_child_http  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "examples" / "data" / "capitals.jsonl"
@@ -64,17 +63,8 @@ class Server:
         """Start the server and wait until it answers."""
         cmd = [sys.executable, "-m", "kubetune.cli", "server", "--port", str(self.port), "--db", self.db, "--config", str(self.config)]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited {self.proc.returncode}: {self.log.read_text()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"the server did not start: {self.log.read_text()}")
+        wait_for_child_http(self.proc, f"http://127.0.0.1:{self.port}/health", self.log, what="kubetune server", timeout=60)
+        return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server (``signal.SIGKILL``: as a crash would); its jobs' workers run on."""
