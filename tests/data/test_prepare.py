@@ -135,6 +135,30 @@ def test_worker_processes_give_the_same_result(tmp_path, prepare):
     assert two.train["input_ids"] == one.train["input_ids"] and two.train["labels"] == one.train["labels"]
 
 
+def test_a_worker_process_that_dies_does_not_hang_the_preparation(tmp_path, prepare, monkeypatch):
+    """A data worker killed mid-run (the OOM killer, a native crash): the rows it held and those after it are
+    encoded in the parent instead, with a note, and the result is the one a single process gives."""
+    import os
+
+    rows = [_chat(i) for i in range(3500)]
+    src = write_rows(tmp_path / "rows.jsonl", rows)
+    one = prepare(src, dataset={"num_proc": 1})
+    parent, encode = os.getpid(), Encoder.encode
+
+    def dies_in_a_worker(self, items):
+        if os.getpid() != parent:
+            os._exit(9)  # the process ends at once, as a killed one does
+        return encode(self, items)
+
+    monkeypatch.setattr(Encoder, "encode", dies_in_a_worker)
+    notes: list[str] = []
+    (tmp_path / "again").mkdir()
+    two = prepare(write_rows(tmp_path / "again" / "rows.jsonl", rows), dataset={"num_proc": 2}, log=notes.append)
+    assert two.stats["num_proc"] == 2
+    assert two.train["input_ids"] == one.train["input_ids"] and two.train["labels"] == one.train["labels"]
+    assert any("a data worker process ended unexpectedly" in n for n in notes), notes
+
+
 def test_worker_processes_stop_at_the_first_bad_row(tmp_path, prepare):
     from kubetune.errors import DataError
 

@@ -27,6 +27,8 @@ __all__ = [
     "normalize",
     "rename_columns",
     "describe_keys",
+    "first_matching",
+    "describe_mismatch",
     "normalize_tool_calls",
     "normalize_tools",
 ]
@@ -370,19 +372,27 @@ def inner_keys(columns: Mapping[str, str]) -> _Keys:
 
 def detect(row: Mapping) -> str | None:
     """The format of one (renamed) row, or None when it matches none."""
-    for name, (keys, _) in FORMATS.items():
-        if all(k in row for k in keys):
-            return name
-    return None
+    return first_matching(row, FORMAT_KEYS)
 
 
 def describe_keys(row: Any) -> str:
     """What was found in a row that matches no format, and what each format needs."""
+    return describe_mismatch(row, FORMAT_KEYS, "row matches no format")
+
+
+def first_matching(row: Mapping, formats: Mapping[str, tuple[str, ...]]) -> str | None:
+    """The first of ``formats`` (name: the keys it needs) whose keys ``row`` all has, or None."""
+    return next((name for name, keys in formats.items() if all(k in row for k in keys)), None)
+
+
+def describe_mismatch(row: Any, formats: Mapping[str, tuple[str, ...]], problem: str) -> str:
+    """``problem``, with the keys ``row`` has and the keys each of ``formats`` needs (the message of a row that fits
+    none)."""
     if not isinstance(row, Mapping):
         return f"expected a JSON object, got {type(row).__name__}"
     found = ", ".join(sorted(map(str, row))) or "no keys"
-    needs = "; ".join(f"{n}: {'+'.join(k)}" for n, k in FORMAT_KEYS.items())
-    return f"row matches no format (found {found}; formats need {needs}; map other names with dataset.columns)"
+    needs = "; ".join(f"{n}: {'+'.join(k)}" for n, k in formats.items())
+    return f"{problem} (found {found}; formats need {needs}; map other names with dataset.columns)"
 
 
 def normalize(row: Mapping, fmt: str, keys: _Keys, *, train_on_inputs: bool) -> Chat | Plain:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .formats import RowError, _Keys, _maybe_json, _messages, normalize_tools
+from .formats import RowError, _Keys, _maybe_json, _messages, describe_mismatch, first_matching, normalize_tools
 
 __all__ = ["PREFERENCE_FORMATS", "PREFERENCE_KEYS", "Pair", "detect_preference", "normalize_preference", "describe_preference_keys"]
 
@@ -166,19 +166,12 @@ PREFERENCE_KEYS = {name: keys for name, (keys, _) in PREFERENCE_FORMATS.items()}
 
 def detect_preference(row: Mapping) -> str | None:
     """The preference format of one (renamed) row, or None when it matches none."""
-    for name, (keys, _) in PREFERENCE_FORMATS.items():
-        if all(k in row for k in keys):
-            return name
-    return None
+    return first_matching(row, PREFERENCE_KEYS)
 
 
 def describe_preference_keys(row: Any) -> str:
     """What was found in a row that holds no preference pair, and what each shape needs."""
-    if not isinstance(row, Mapping):
-        return f"expected a JSON object, got {type(row).__name__}"
-    found = ", ".join(sorted(map(str, row))) or "no keys"
-    needs = "; ".join(f"{n}: {'+'.join(k)}" for n, k in PREFERENCE_KEYS.items())
-    return f"row holds no preference pair (found {found}; formats need {needs}; map other names with dataset.columns)"
+    return describe_mismatch(row, PREFERENCE_KEYS, "row holds no preference pair")
 
 
 def normalize_preference(row: Mapping, fmt: str, keys: _Keys) -> Pair:

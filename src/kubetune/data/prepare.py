@@ -300,7 +300,7 @@ def encode_sources(
             )  # fmt: skip
             src = {"source": inp.label, "format": inp.format if inp.format != "auto" else None, "rows": 0, "bad_rows": 0, "weight": inp.weight}
             first_at: dict[int, str] = {}
-            for res in _encode_stream(encoder, iter_items(sf, offset, split=inp.split), num_proc):
+            for res in _encode_stream(encoder, iter_items(sf, offset, split=inp.split), num_proc, log):
                 if res.fatal:
                     raise DataError(f"{inp.label}: {res.fatal}", hint=_template_hint())
                 for fi, line, problem in res.bad:
@@ -412,8 +412,15 @@ def _tokenizers_single_threaded() -> Iterator[None]:
             os.environ[key] = old
 
 
-def _encode_stream(encoder: Encoder, items: Iterator, num_proc: int) -> Iterator[ChunkResult]:
-    """Encoded chunks in input order; with several processes at most 2 per process are in flight."""
+def _encode_stream(encoder: Encoder, items: Iterator, num_proc: int, log: Callable[[str], None] = lambda m: None) -> Iterator[ChunkResult]:
+    """Encoded chunks in input order; with several processes at most 2 per process are in flight.
+
+    A worker process that dies (killed for memory, a crash in native code) does not hang the preparation: the
+    chunks not yet encoded are encoded in this process instead, with a note to ``log``.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     chunks = _chunked(items, CHUNK_ROWS)
     if num_proc <= 1:
         for c in chunks:
@@ -421,15 +428,26 @@ def _encode_stream(encoder: Encoder, items: Iterator, num_proc: int) -> Iterator
         return
     global _ACTIVE
     _ACTIVE = encoder
+    pending: deque = deque()  # (chunk, future), in input order
     try:
-        with _tokenizers_single_threaded(), multiprocessing.get_context("fork").Pool(num_proc) as pool:
-            pending: deque = deque()
+        try:
+            with _tokenizers_single_threaded(), ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork")) as pool:
+                for c in chunks:
+                    pending.append((c, pool.submit(_run_chunk, c)))
+                    if len(pending) >= 2 * num_proc:
+                        res = pending[0][1].result()
+                        pending.popleft()
+                        yield res
+                while pending:
+                    res = pending[0][1].result()
+                    pending.popleft()
+                    yield res
+        except BrokenProcessPool as e:
+            log(f"a data worker process ended unexpectedly ({e}); encoding the remaining rows in this process")
+            for c, _ in pending:
+                yield encoder.encode(c)
             for c in chunks:
-                pending.append(pool.apply_async(_run_chunk, (c,)))
-                if len(pending) >= 2 * num_proc:
-                    yield pending.popleft().get()
-            while pending:
-                yield pending.popleft().get()
+                yield encoder.encode(c)
     finally:
         _ACTIVE = None
 
