@@ -16,6 +16,7 @@ from kubetune.server.config import ServerConfig
 from kubetune.server.dashboard import STATIC_DIR
 from kubetune.server.dashboard.queries import changes_since, high_water
 from kubetune.server.dashboard.validate import field_line
+from kubetune.spec.reader import parse_spec_text
 from kubetune.server.store import Store
 
 from .conftest import CAPITALS
@@ -115,4 +116,5 @@ def test_validate_names_the_field_and_its_line(app_and_key):
     refused = http.post("/v1/jobs/validate", content="name: x\nentrypoint: {module: mine}\n", headers=alpha).json()
     assert [(e["field"], e["line"]) for e in refused["errors"]] == [("entrypoint", 2)]  # valid, but this server runs no client code
     assert http.post("/v1/jobs/validate", content=text).status_code == 401
-    assert field_line("a:\n  b: 1\n", "a.c") == 1 and field_line("[", "a") is None
+    located = parse_spec_text("a:\n  b: 1\nmix:\n  - source: x\n    weight: 2\n", "spec")[1]
+    assert field_line(located, "a.c") == 1 and field_line(located, "mix[0].weight") == 5 and field_line(located, "z") is None
