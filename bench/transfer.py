@@ -244,6 +244,10 @@ def render(med: dict[str, float], n_files: int, n_bytes: int, args, sides: tuple
     head += "| kubetune, CRT uploads | classic vs managed | CRT vs managed " if crt else "| vs managed "
     head += "| best kubetune vs single-stream |"
     cols = head.count("|") - 1
+    engines = ("kubetune's downloads are the same code in both kubetune columns; its uploads go through s3transfer's "
+               f"thread pool (classic) or the AWS CRT client (`awscrt` {_crt_version()}, what "
+               "`KUBETUNE_S3_TRANSFER_CLIENT=auto` uses when it is installed)." if crt else
+               "awscrt was not installed: kubetune's classic uploads only.")
 
     cmd = ".venv/bin/python bench/transfer.py" + (f" --size-mb {args.size_mb}" if args.size_mb != 256 else "") + \
           (f" --runs {args.runs}" if args.runs != 3 else "") + " --write-docs"
@@ -252,10 +256,7 @@ def render(med: dict[str, float], n_files: int, n_bytes: int, args, sides: tuple
         f"server: moto's S3 server in its own process on 127.0.0.1. {args.runs} runs, each side in a rotating order; "
         "medians; speed-up = baseline time / kubetune time. The baseline to beat is boto3's managed transfer as "
         "`aws s3 cp --recursive` runs it (`create_transfer_manager`, default `TransferConfig`: 10 concurrent requests, "
-        "8 MiB parts; every file submitted at once). kubetune's downloads are the same code in both kubetune columns; "
-        "its uploads go through s3transfer's thread pool (classic) or the AWS CRT client (`awscrt` "
-        f"{_crt_version()}, what `KUBETUNE_S3_TRANSFER_CLIENT=auto` uses when it is installed)." if crt else
-        "8 MiB parts; every file submitted at once). awscrt was not installed: kubetune's classic uploads only.",
+        "8 MiB parts; every file submitted at once). " + engines,
         "",
         head,
         "|" + " --- |" * cols,

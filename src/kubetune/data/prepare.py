@@ -428,20 +428,22 @@ def _encode_stream(encoder: Encoder, items: Iterator, num_proc: int, log: Callab
         return
     global _ACTIVE
     _ACTIVE = encoder
-    pending: deque = deque()  # (chunk, future), in input order
+    pending: deque = deque()  # (chunk, future), in input order; a chunk leaves once its result is in hand
+
+    def oldest() -> ChunkResult:
+        res = pending[0][1].result()
+        pending.popleft()
+        return res
+
     try:
         try:
             with _tokenizers_single_threaded(), ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork")) as pool:
                 for c in chunks:
                     pending.append((c, pool.submit(_run_chunk, c)))
                     if len(pending) >= 2 * num_proc:
-                        res = pending[0][1].result()
-                        pending.popleft()
-                        yield res
+                        yield oldest()
                 while pending:
-                    res = pending[0][1].result()
-                    pending.popleft()
-                    yield res
+                    yield oldest()
         except BrokenProcessPool as e:
             log(f"a data worker process ended unexpectedly ({e}); encoding the remaining rows in this process")
             for c, _ in pending:

@@ -21,15 +21,20 @@ def endpoint_url() -> str | None:
     return os.environ.get(C.ENV_AWS_ENDPOINT_URL_S3) or os.environ.get(C.ENV_AWS_ENDPOINT_URL) or None
 
 
+def _environment() -> tuple:
+    """What a cached client depends on: endpoint, process, profile, key id, a digest of the secret, region."""
+    return (endpoint_url(), os.getpid(), os.environ.get("AWS_PROFILE"), os.environ.get("AWS_ACCESS_KEY_ID"),
+            hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest(),
+            os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
+
+
 def client():
     """A boto3 S3 client for the current environment (cached per endpoint, region and credentials source)."""
     import boto3
     from botocore.config import Config
 
     endpoint = endpoint_url()
-    key = (endpoint, os.getpid(), os.environ.get("AWS_PROFILE"), os.environ.get("AWS_ACCESS_KEY_ID"),
-           hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest(),
-           os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"), concurrency())
+    key = (*_environment(), concurrency())
     with _clients_lock:
         if key not in _clients:
             session = boto3.session.Session()
@@ -132,9 +137,7 @@ def crt_transfer_manager(part_size: int):
     from s3transfer.crt import BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer, CRTTransferManager, create_s3_crt_client
 
     endpoint = endpoint_url()
-    key = (endpoint, os.getpid(), os.environ.get("AWS_PROFILE"), os.environ.get("AWS_ACCESS_KEY_ID"),
-           hashlib.sha256(os.environ.get("AWS_SECRET_ACCESS_KEY", "").encode()).hexdigest(),
-           os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"), os.environ.get("AWS_CA_BUNDLE"), part_size)
+    key = (*_environment(), os.environ.get("AWS_CA_BUNDLE"), part_size)
     with _clients_lock:
         if key not in _crt:
             session = botocore.session.Session()
